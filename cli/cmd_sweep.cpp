@@ -1,0 +1,63 @@
+#include <iostream>
+#include <sstream>
+
+#include "cli/commands.h"
+#include "planner/errors.h"
+#include "planner/sweep.h"
+
+namespace ftplan::cli {
+namespace {
+
+std::vector<std::string> split(const std::string& list) {
+  std::vector<std::string> out;
+  std::stringstream in(list);
+  std::string item;
+  while (std::getline(in, item, ','))
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+}  // namespace
+
+int run_sweep(const SweepOptions& o) {
+  if (o.cheapest && o.fastest) fail_input("--cheapest/--fastest: give one, not both");
+  if (o.format != "table" && o.format != "csv" && o.format != "json" && o.format != "markdown")
+    fail_input("--format: '" + o.format + "' is not one of table, csv, json, markdown");
+  JobOptions job_options = o.job;
+  const LoadedJob job = load_job(job_options);
+  std::vector<HardwareSpec> gpus;
+  const std::vector<std::string> ids = o.gpu_types.empty() ? std::vector<std::string>{} : split(o.gpu_types);
+  for (const auto& id : ids.empty() ? list_hardware_ids() : ids) {
+    HardwareSpec hw = load_hardware(id);
+    if (hw.kind == "gpu") gpus.push_back(hw);
+  }
+  std::vector<int64_t> counts;
+  for (const auto& c : split(o.gpu_counts)) {
+    int64_t n = 0;
+    try {
+      n = std::stoll(c);
+    } catch (...) {
+      fail_input("--gpu-counts: '" + c + "' is not a number");
+    }
+    if (n < 1 || n > 65536) fail_input("--gpu-counts: " + c + " must be in [1, 65536]");
+    counts.push_back(n);
+  }
+  if (counts.empty()) fail_input("--gpu-counts: empty");
+  if ((o.max_hours || o.max_cost) && job_tokens(job.setup) == 0)
+    fail_input("--max-hours/--max-cost: the job has no dataset (give --dataset-rows or --dataset-tokens)");
+  Objective objective = parse_objective(o.objective, "--objective");
+  if (o.cheapest) objective = Objective::cost;
+  if (o.fastest) objective = Objective::time;
+
+  TrainingSetup setup = job.setup;
+  std::vector<SweepRow> rows =
+      run_sweep(job.model, gpus, counts, setup, objective, o.all, {o.max_hours, o.max_cost});
+  if (o.cheapest || o.fastest) rows.resize(std::min<size_t>(rows.size(), 1));
+  if (o.format == "csv") std::cout << sweep_csv(rows);
+  else if (o.format == "markdown") std::cout << sweep_markdown(rows);
+  else if (o.format == "json" || o.job.json) std::cout << sweep_json(rows).dump(2) << "\n";
+  else std::cout << sweep_table(rows);
+  return (o.cheapest || o.fastest) && rows.empty() ? 1 : 0;
+}
+
+}  // namespace ftplan::cli

@@ -1,0 +1,54 @@
+#include "cli/commands.h"
+
+namespace ftplan::cli {
+
+void add_commands(CLI::App& app, Commands& c) {
+  auto* memory = app.add_subcommand("memory", "Per-GPU memory of every strategy, as a breakdown");
+  add_job_options(*memory, c.memory.job);
+
+  auto* plan = app.add_subcommand("plan", "Rank every feasible plan by time or cost and explain the choice");
+  add_job_options(*plan, c.plan.job);
+  plan->add_option("--objective", c.plan.objective, "time | cost");
+  plan->add_option("-o,--output", c.plan.output, "Write the recommended plan (for ftexec) to this file");
+  plan->add_flag("--simulate", c.plan.simulate, "Rank the finalists with the step simulator");
+
+  auto* check = app.add_subcommand("check", "CI gate: exit 0 if the recommended plan meets every limit, 1 if not");
+  add_job_options(*check, c.check.job);
+  check->add_option("--objective", c.check.objective, "time | cost");
+  check->add_option("--max-hours", c.check.max_hours, "Longest acceptable job, hours");
+  check->add_option("--max-cost", c.check.max_cost, "Highest acceptable job cost, USD");
+  check->add_option("--max-memory-fraction", c.check.max_memory_fraction, "Largest acceptable share of GPU memory");
+
+  auto* sweep = app.add_subcommand("sweep", "What-if: GPU types x counts x strategies x micro-batches x checkpointing");
+  add_job_options(*sweep, c.sweep.job);
+  sweep->add_option("--objective", c.sweep.objective, "time | cost");
+  sweep->add_option("--gpu-types", c.sweep.gpu_types, "Comma list of hwdb ids (default: every GPU)");
+  sweep->add_option("--gpu-counts", c.sweep.gpu_counts, "Comma list of GPU counts (default 1,2,4,8)");
+  sweep->add_option("--format", c.sweep.format, "table | csv | json | markdown");
+  sweep->add_flag("--all", c.sweep.all, "Every feasible candidate, not only each strategy's best");
+  sweep->add_flag("--cheapest", c.sweep.cheapest, "Print only the cheapest plan within the limits");
+  sweep->add_flag("--fastest", c.sweep.fastest, "Print only the fastest plan within the limits");
+  sweep->add_option("--max-hours", c.sweep.max_hours, "Keep plans no longer than this, hours");
+  sweep->add_option("--max-cost", c.sweep.max_cost, "Keep plans no dearer than this, USD");
+
+  auto* simulate = app.add_subcommand("simulate", "Play one training step as a graph of compute and communication");
+  add_job_options(*simulate, c.simulate.job);
+  simulate->add_option("--trace", c.simulate.trace, "Write a Chrome trace (Perfetto, chrome://tracing)");
+
+  auto* compare = app.add_subcommand("compare", "Predicted vs measured: plan.json beside ftexec's measured.json");
+  compare->add_option("plan", c.compare.plan, "Plan file from ftplan plan -o")->required();
+  compare->add_option("measured", c.compare.measured, "measured.json from ftexec run --out")->required();
+  compare->add_flag("--json", c.compare.json, "Print JSON");
+}
+
+int run_selected(CLI::App& app, const Commands& c) {
+  if (app.got_subcommand("memory")) return run_memory(c.memory);
+  if (app.got_subcommand("plan")) return run_plan(c.plan);
+  if (app.got_subcommand("check")) return run_check(c.check);
+  if (app.got_subcommand("sweep")) return run_sweep(c.sweep);
+  if (app.got_subcommand("simulate")) return run_simulate(c.simulate);
+  if (app.got_subcommand("compare")) return run_compare(c.compare);
+  return 2;
+}
+
+}  // namespace ftplan::cli

@@ -1,0 +1,76 @@
+// One options struct per subcommand; add_commands binds them, run_selected calls the chosen one.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "cli/job_options.h"
+#include "planner/plan_search.h"
+
+namespace ftplan::cli {
+
+struct MemoryOptions {
+  JobOptions job;
+};
+
+struct PlanOptions {
+  JobOptions job;
+  std::string objective = "time";
+  std::string output;     // -o plan.json
+  bool simulate = false;  // rank the finalists with the simulator
+};
+
+struct CheckOptions {
+  JobOptions job;
+  std::string objective = "time";
+  std::optional<double> max_hours, max_cost, max_memory_fraction;
+};
+
+struct SweepOptions {
+  JobOptions job;
+  std::string objective = "time";
+  std::string gpu_types;   // comma list of hwdb ids; default all GPUs
+  std::string gpu_counts = "1,2,4,8";
+  std::string format = "table";  // table | csv | json | markdown
+  bool all = false;        // every candidate, not just each strategy's best
+  bool cheapest = false, fastest = false;
+  std::optional<double> max_hours, max_cost;
+};
+
+struct SimulateOptions {
+  JobOptions job;
+  std::string trace;
+};
+
+struct CompareOptions {
+  std::string plan, measured;
+  bool json = false;
+};
+
+struct Commands {
+  MemoryOptions memory;
+  PlanOptions plan;
+  CheckOptions check;
+  SweepOptions sweep;
+  SimulateOptions simulate;
+  CompareOptions compare;
+};
+
+void add_commands(CLI::App& app, Commands& commands);
+int run_selected(CLI::App& app, const Commands& commands);
+
+int run_memory(const MemoryOptions& options);
+int run_plan(const PlanOptions& options);
+int run_check(const CheckOptions& options);
+int run_sweep(const SweepOptions& options);
+int run_simulate(const SimulateOptions& options);
+int run_compare(const CompareOptions& options);
+
+// ftplan plan --simulate: re-rank the finalists by their simulated step time.
+void rerank_with_simulator(const LoadedJob& job, PlanResult& plan);
+
+
+}  // namespace ftplan::cli

@@ -1,0 +1,46 @@
+// What ftexec runs: a TrainingSetup (the job format shared with ftplan), the resolved candidate,
+// the model spec, and the executor's own settings. Read from a plan file (`ftplan plan -o`) and/or
+// CLI flags; flags override the plan. No LibTorch here.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "planner/model_spec.h"
+#include "planner/training_setup.h"
+
+namespace ftexec {
+
+struct ExecJob {
+  ftplan::TrainingSetup setup;     // micro_batch, checkpointing, attention and strategy filled in
+  ftplan::ModelSpec model;
+  std::string model_config_path;   // the config.json the spec came from
+  std::string device = "cpu";      // "cpu" or "cuda" / "cuda:N"
+  int64_t warmup_steps = 1;        // excluded from the timings, e.g. 1
+  double max_grad_norm = 1.0;      // gradient clipping (HF Trainer's default); 0: off
+  double weight_decay = 0.0;       // AdamW decoupled weight decay
+  int64_t threads = 0;             // intra-op threads; 0: all cores
+  int64_t cpu_memory_limit_bytes = 0;  // 0: none
+  std::string save_dir;            // adapter (LoRA) or full weights, "" for none
+  std::string load_weights;        // HF safetensors file, folder or index; "" to init from the seed
+  bool progress = false;           // a progress bar (only on a terminal)
+  std::optional<nlohmann::json> plan;  // the plan file, for the prediction beside the measurement
+};
+
+// The setup of a plan file ("format": "ftplan-plan/1"): its "job" with the "candidate" applied.
+// InputError naming the file and field for anything malformed.
+ftplan::TrainingSetup setup_from_plan(const nlohmann::json& plan, const std::string& where);
+
+// Resolves the model config (short name or path), checks what ftexec supports (strategy single,
+// method full/lora, precision fp32/bf16/mixed, optimizer adamw), and fills defaults. Every problem
+// is collected and reported together in one InputError.
+ExecJob make_exec_job(const ftplan::TrainingSetup& setup, const std::string& device);
+
+// The median of step times (warm-up steps already left out by the caller).
+double median(std::vector<double> values);
+
+}  // namespace ftexec

@@ -1,0 +1,502 @@
+#include "executor/llama_model.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <map>
+#include <memory>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "executor/lora.h"
+#include "executor/torch_compat.h"
+#include "planner/errors.h"
+#include "planner/json_fields.h"
+
+namespace ftexec {
+namespace fs = std::filesystem;
+namespace {
+
+constexpr double kInitStd = 0.02;  // HF LlamaConfig.initializer_range
+
+const char* const kLinearNames[] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+std::string shape_string(const std::vector<int64_t>& shape) { return shape_to_string(shape); }
+
+// ---- building blocks ---------------------------------------------------------------------------
+
+// HF LlamaRMSNorm: the input upcast to fp32 (kept for backward), rstd in fp32 (kept), the normalised
+// input cast back (kept when the weight trains), times the weight.
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  const at::Tensor xf = x.to(at::kFloat);
+  const at::Tensor rstd = at::rsqrt(xf.pow(2).mean({-1}, /*keepdim=*/true).add(eps));
+  return weight * (xf * rstd).to(x.scalar_type());
+}
+
+at::Tensor linear(const Linear& l, const at::Tensor& x, bool training) {
+  at::Tensor y = at::linear(x, l.weight, l.bias);
+  if (l.lora) y = y + lora_forward(*l.lora, x, training);
+  return y;
+}
+
+// HF rotate_half: (x1, x2) -> (-x2, x1) over the two halves of the last dimension.
+at::Tensor rotate_half(const at::Tensor& x) {
+  const int64_t half = x.size(-1) / 2;
+  return at::cat({-x.slice(-1, half), x.slice(-1, 0, half)}, -1);
+}
+
+at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  return x * cos + rotate_half(x) * sin;
+}
+
+// HF repeat_kv: [B, kv, S, d] -> [B, kv * n_rep, S, d] (a copy, kept by the attention matmuls).
+at::Tensor repeat_kv(const at::Tensor& x, int64_t n_rep) {
+  if (n_rep == 1) return x;
+  const auto B = x.size(0), kv = x.size(1), S = x.size(2), d = x.size(3);
+  return x.unsqueeze(2).expand({B, kv, n_rep, S, d}).reshape({B, kv * n_rep, S, d});
+}
+
+void ensure_caches(LlamaModel& m, int64_t seq_len) {
+  if (m.cached_seq_len == seq_len) return;
+  at::NoGradGuard no_grad;
+  const auto inv = rope_inv_freq(m.spec, seq_len);
+  at::Tensor inv_freq = at::empty({static_cast<int64_t>(inv.size())}, at::kFloat);
+  for (size_t i = 0; i < inv.size(); ++i) inv_freq[i] = static_cast<float>(inv[i]);
+  at::Tensor pos = at::arange(seq_len, at::TensorOptions().dtype(at::kFloat));
+  at::Tensor freqs = at::outer(pos, inv_freq);    // [S, d/2], fp32 as HF computes it
+  at::Tensor emb = at::cat({freqs, freqs}, -1);  // [S, d]
+  auto opts = at::TensorOptions().dtype(m.options.dtype).device(m.options.device);
+  m.rope_cos = emb.cos().to(opts);
+  m.rope_sin = emb.sin().to(opts);
+  m.causal_mask = at::ones({seq_len, seq_len}, at::TensorOptions().dtype(at::kBool)).triu(1).to(m.options.device);
+  m.cached_seq_len = seq_len;
+}
+
+at::Tensor attention(LlamaModel& m, const LlamaBlock& blk, const at::Tensor& x) {
+  const auto& s = m.spec;
+  const int64_t B = x.size(0), S = x.size(1), H = s.num_heads, KV = s.num_kv_heads, d = s.head_dim;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  at::Tensor q = linear(blk.q_proj, x, m.training).view({B, S, H, d}).transpose(1, 2);
+  at::Tensor k = linear(blk.k_proj, x, m.training).view({B, S, KV, d}).transpose(1, 2);
+  at::Tensor v = linear(blk.v_proj, x, m.training).view({B, S, KV, d}).transpose(1, 2);
+  q = apply_rope(q, m.rope_cos, m.rope_sin);
+  k = apply_rope(k, m.rope_cos, m.rope_sin);
+  at::Tensor out;
+  if (m.options.use_sdpa) {
+    if (!compat::kSdpaHasGqa) {
+      k = repeat_kv(k, H / KV);
+      v = repeat_kv(v, H / KV);
+    }
+    out = compat::sdpa_causal(q, k, v, scale);
+  } else {
+    k = repeat_kv(k, H / KV);
+    v = repeat_kv(v, H / KV);
+    at::Tensor probs;
+    {
+      // The scores are scaled and masked in place: bmm's backward needs its inputs, not its output,
+      // so only the fp32 softmax (and its copy in the compute dtype) is kept.
+      at::Tensor scores = at::matmul(q, k.transpose(2, 3));
+      scores.mul_(scale);
+      scores.masked_fill_(m.causal_mask, -std::numeric_limits<double>::infinity());
+      probs = at::softmax(scores, -1, at::kFloat);
+    }
+    probs = probs.to(x.scalar_type());
+    out = at::matmul(probs, v);
+  }
+  q.reset(), k.reset(), v.reset();
+  out = out.transpose(1, 2).reshape({B, S, H * d});  // the copy o_proj keeps
+  return linear(blk.o_proj, out, m.training);
+}
+
+at::Tensor mlp(const LlamaModel& m, const LlamaBlock& blk, const at::Tensor& x) {
+  at::Tensor h = at::silu(linear(blk.gate_proj, x, m.training)) * linear(blk.up_proj, x, m.training);
+  return linear(blk.down_proj, h, m.training);
+}
+
+std::vector<at::Tensor> block_trainable_tensors(const LlamaBlock& blk) {
+  std::vector<at::Tensor> out;
+  auto add = [&](const at::Tensor& t) {
+    if (t.defined() && t.requires_grad()) out.push_back(t);
+  };
+  add(blk.input_layernorm);
+  add(blk.post_attention_layernorm);
+  for (const char* name : kLinearNames) {
+    const Linear& l = block_linear(blk, name);
+    add(l.weight);
+    add(l.bias);
+    if (l.lora) add(l.lora->a), add(l.lora->b);
+  }
+  return out;
+}
+
+bool block_has_dropout(const LlamaBlock& blk) {
+  for (const char* name : kLinearNames) {
+    const Linear& l = block_linear(blk, name);
+    if (l.lora && l.lora->dropout > 0.0) return true;
+  }
+  return false;
+}
+
+// Gradient checkpointing of one block (LibTorch has no checkpoint utility): forward runs without a
+// graph and saves only the block input; backward restores the RNG state of the forward (LoRA
+// dropout), recomputes the block under grad mode and differentiates it. The block's trainable
+// tensors are inputs, so the output requires grad even when x does not (frozen embedding).
+struct BlockCheckpoint : public torch::autograd::Function<BlockCheckpoint> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, int64_t model_address,
+                            int64_t layer, at::TensorList trainable) {
+    auto* model = reinterpret_cast<LlamaModel*>(model_address);
+    ctx->save_for_backward({x});
+    ctx->saved_data["model"] = model_address;
+    ctx->saved_data["layer"] = layer;
+    ctx->saved_data["trainable"] = static_cast<int64_t>(trainable.size());
+    if (model->training && block_has_dropout(model->layers[layer])) {
+      auto gen = at::globalContext().defaultGenerator(model->options.device);
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      ctx->saved_data["rng"] = gen.get_state();
+    }
+    return llama_block_forward(*model, layer, x);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_out) {
+    auto* model = reinterpret_cast<LlamaModel*>(ctx->saved_data["model"].toInt());
+    const int64_t layer = ctx->saved_data["layer"].toInt();
+    const at::Tensor x = ctx->get_saved_variables()[0];
+    at::Tensor xd = x.detach();
+    xd.set_requires_grad(x.requires_grad());
+
+    at::Tensor rng_now;
+    auto gen = at::globalContext().defaultGenerator(model->options.device);
+    if (ctx->saved_data.count("rng")) {
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      rng_now = gen.get_state();
+      gen.set_state(ctx->saved_data["rng"].toTensor());
+    }
+    at::Tensor out;
+    {
+      at::AutoGradMode grad_mode(true);
+      out = llama_block_forward(*model, layer, xd);
+    }
+    if (rng_now.defined()) {
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      gen.set_state(rng_now);
+    }
+    std::vector<at::Tensor> inputs;
+    if (xd.requires_grad()) inputs.push_back(xd);
+    for (const auto& t : block_trainable_tensors(model->layers[layer])) inputs.push_back(t);
+    auto grads = torch::autograd::grad({out}, inputs, {grad_out[0]}, /*retain_graph=*/false,
+                                       /*create_graph=*/false, /*allow_unused=*/true);
+    torch::autograd::variable_list result;
+    size_t g = 0;
+    result.push_back(xd.requires_grad() ? grads[g++] : at::Tensor());
+    result.push_back(at::Tensor());  // model_address
+    result.push_back(at::Tensor());  // layer
+    for (; g < grads.size(); ++g) result.push_back(grads[g]);
+    return result;
+  }
+};
+
+at::Tensor run_blocks(LlamaModel& m, at::Tensor h) {
+  for (int64_t i = 0; i < static_cast<int64_t>(m.layers.size()); ++i) {
+    if (m.options.checkpointing && at::GradMode::is_enabled()) {
+      std::vector<at::Tensor> trainable = block_trainable_tensors(m.layers[i]);
+      h = BlockCheckpoint::apply(h, reinterpret_cast<int64_t>(&m), i, at::TensorList(trainable));
+    } else {
+      h = llama_block_forward(m, i, h);
+    }
+  }
+  return h;
+}
+
+}  // namespace
+
+std::string shape_to_string(at::IntArrayRef shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+Linear& block_linear(LlamaBlock& b, const std::string& module) {
+  return const_cast<Linear&>(block_linear(static_cast<const LlamaBlock&>(b), module));
+}
+
+const Linear& block_linear(const LlamaBlock& b, const std::string& module) {
+  if (module == "q_proj") return b.q_proj;
+  if (module == "k_proj") return b.k_proj;
+  if (module == "v_proj") return b.v_proj;
+  if (module == "o_proj") return b.o_proj;
+  if (module == "gate_proj") return b.gate_proj;
+  if (module == "up_proj") return b.up_proj;
+  if (module == "down_proj") return b.down_proj;
+  ftplan::fail_input("unknown linear module \"" + module +
+                     "\" (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)");
+}
+
+std::string block_linear_prefix(const std::string& module) {
+  return (module == "gate_proj" || module == "up_proj" || module == "down_proj") ? "mlp." : "self_attn.";
+}
+
+std::vector<double> rope_inv_freq(const ftplan::ModelSpec& s, int64_t seq_len) {
+  const int64_t d = s.head_dim;
+  const auto& rs = s.rope_scaling;
+  double base = s.rope_theta;
+  if (rs.type == "dynamic" && s.max_position_embeddings > 0 && seq_len > s.max_position_embeddings) {
+    // HF _compute_dynamic_ntk_parameters
+    base *= std::pow(rs.factor * seq_len / s.max_position_embeddings - (rs.factor - 1), double(d) / (d - 2));
+  }
+  std::vector<double> inv(d / 2);
+  for (int64_t i = 0; i < d / 2; ++i) inv[i] = 1.0 / std::pow(base, double(2 * i) / d);
+  if (rs.type == "linear") {
+    for (auto& f : inv) f /= rs.factor;
+  } else if (rs.type == "llama3") {
+    // HF _compute_llama3_parameters: long wavelengths divided by factor, short ones kept, smooth between.
+    const double old_len = rs.original_max_position > 0 ? double(rs.original_max_position) : 8192.0;
+    const double low_wavelen = old_len / rs.low_freq_factor;
+    const double high_wavelen = old_len / rs.high_freq_factor;
+    for (auto& f : inv) {
+      const double wavelen = 2 * M_PI / f;
+      if (wavelen > low_wavelen) {
+        f /= rs.factor;
+      } else if (wavelen >= high_wavelen) {
+        const double smooth = (old_len / wavelen - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor);
+        f = (1 - smooth) * f / rs.factor + smooth * f;
+      }
+    }
+  } else if (!rs.type.empty() && rs.type != "default" && rs.type != "dynamic") {
+    ftplan::fail_input(s.name + ": rope_scaling type \"" + rs.type + "\" is not supported by ftexec (llama3, linear, dynamic)");
+  }
+  return inv;
+}
+
+LlamaModel llama_create(const ftplan::ModelSpec& spec, const ModelOptions& options, uint64_t seed, bool random_init) {
+  if (options.use_sdpa && !compat::kHasSdpa)
+    ftplan::fail_input("attention fused: this libtorch (" + std::string(compat::torch_version()) +
+                       ") has no scaled_dot_product_attention; use eager");
+  if (spec.num_heads % spec.num_kv_heads != 0)
+    ftplan::fail_input(spec.name + ": num_attention_heads (" + std::to_string(spec.num_heads) +
+                       ") is not a multiple of num_key_value_heads (" + std::to_string(spec.num_kv_heads) + ")");
+  LlamaModel m;
+  m.spec = spec;
+  m.options = options;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  const auto cpu32 = at::TensorOptions().dtype(at::kFloat);
+  const auto target = at::TensorOptions().dtype(options.dtype).device(options.device);
+  auto normal = [&](std::vector<int64_t> shape) {
+    if (!random_init) return at::empty(shape, target);
+    return at::empty(shape, cpu32).normal_(0.0, kInitStd, gen).to(target);
+  };
+  auto fill = [&](std::vector<int64_t> shape, double value) {
+    return random_init ? at::full(shape, value, target) : at::empty(shape, target);
+  };
+  const int64_t h = spec.hidden_size;
+  m.embed_tokens = normal({spec.vocab_size, h});
+  for (int64_t l = 0; l < spec.num_layers; ++l) {
+    LlamaBlock b;
+    b.input_layernorm = fill({h}, 1.0);
+    b.post_attention_layernorm = fill({h}, 1.0);
+    for (const auto& shape : ftplan::block_linears(spec)) {
+      Linear& lin = block_linear(b, shape.name);
+      lin.weight = normal({shape.out_features, shape.in_features});
+      if (shape.bias) lin.bias = fill({shape.out_features}, 0.0);
+    }
+    m.layers.push_back(std::move(b));
+  }
+  m.norm = fill({h}, 1.0);
+  if (!spec.tie_word_embeddings) m.lm_head = normal({spec.vocab_size, h});
+  return m;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> llama_named_parameters(const LlamaModel& m) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  out.emplace_back("model.embed_tokens.weight", m.embed_tokens);
+  for (size_t l = 0; l < m.layers.size(); ++l) {
+    const auto& b = m.layers[l];
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    out.emplace_back(p + "input_layernorm.weight", b.input_layernorm);
+    for (const char* name : kLinearNames) {
+      const Linear& lin = block_linear(b, name);
+      const std::string q = p + block_linear_prefix(name) + name;
+      out.emplace_back(q + ".weight", lin.weight);
+      if (lin.bias.defined()) out.emplace_back(q + ".bias", lin.bias);
+    }
+    out.emplace_back(p + "post_attention_layernorm.weight", b.post_attention_layernorm);
+  }
+  out.emplace_back("model.norm.weight", m.norm);
+  if (m.lm_head.defined()) out.emplace_back("lm_head.weight", m.lm_head);
+  return out;
+}
+
+std::vector<std::pair<std::string, std::vector<int64_t>>> llama_expected_tensors(const ftplan::ModelSpec& s) {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> out;
+  const int64_t h = s.hidden_size;
+  out.push_back({"model.embed_tokens.weight", {s.vocab_size, h}});
+  for (int64_t l = 0; l < s.num_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    out.push_back({p + "input_layernorm.weight", {h}});
+    for (const auto& lin : ftplan::block_linears(s)) {
+      const std::string q = p + block_linear_prefix(lin.name) + lin.name;
+      out.push_back({q + ".weight", {lin.out_features, lin.in_features}});
+      if (lin.bias) out.push_back({q + ".bias", {lin.out_features}});
+    }
+    out.push_back({p + "post_attention_layernorm.weight", {h}});
+  }
+  out.push_back({"model.norm.weight", {h}});
+  if (!s.tie_word_embeddings) out.push_back({"lm_head.weight", {s.vocab_size, h}});
+  return out;
+}
+
+std::string safetensors_dtype_of(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return "F32";
+    case at::kBFloat16: return "BF16";
+    case at::kHalf: return "F16";
+    case at::kDouble: return "F64";
+    case at::kLong: return "I64";
+    case at::kInt: return "I32";
+    default: throw std::runtime_error(std::string("no safetensors dtype for ") + c10::toString(t));
+  }
+}
+
+at::ScalarType scalar_type_of_safetensors(const std::string& dtype, const std::string& where) {
+  if (dtype == "F32") return at::kFloat;
+  if (dtype == "BF16") return at::kBFloat16;
+  if (dtype == "F16") return at::kHalf;
+  if (dtype == "F64") return at::kDouble;
+  if (dtype == "I64") return at::kLong;
+  if (dtype == "I32") return at::kInt;
+  ftplan::fail_input(where + ": dtype " + dtype + " cannot be loaded (F32, BF16, F16, F64, I64, I32)");
+}
+
+SafetensorsEntry safetensors_entry(const std::string& name, const at::Tensor& t) {
+  TORCH_CHECK(t.device().is_cpu() && t.is_contiguous(), "safetensors_entry needs a contiguous CPU tensor: ", name);
+  SafetensorsEntry e;
+  e.name = name;
+  e.dtype = safetensors_dtype_of(t.scalar_type());
+  e.shape.assign(t.sizes().begin(), t.sizes().end());
+  e.data = t.data_ptr();
+  e.nbytes = t.numel() * t.element_size();
+  return e;
+}
+
+at::Tensor tensor_view_of(const SafetensorsEntry& e) {
+  const auto type = scalar_type_of_safetensors(e.dtype, e.name);
+  return at::from_blob(const_cast<void*>(e.data), e.shape, at::TensorOptions().dtype(type));
+}
+
+void llama_load_weights(LlamaModel& m, const std::string& path_in) {
+  fs::path path(path_in);
+  if (fs::is_directory(path)) {
+    if (fs::exists(path / "model.safetensors.index.json")) path /= "model.safetensors.index.json";
+    else path /= "model.safetensors";
+  }
+  if (!fs::exists(path)) ftplan::fail_input("--load-weights: " + path.string() + " does not exist");
+
+  // name -> the file holding it
+  std::vector<std::unique_ptr<SafetensorsFile>> files;
+  std::map<std::string, const SafetensorsEntry*> found;
+  std::map<std::string, std::string> found_in;
+  if (ends_with(path.string(), ".index.json")) {
+    const nlohmann::json index = ftplan::read_json_file(path.string());
+    if (!index.contains("weight_map") || !index["weight_map"].is_object())
+      ftplan::fail_input(path.string() + ": no \"weight_map\" object");
+    std::map<std::string, SafetensorsFile*> by_shard;
+    for (const auto& [name, shard] : index["weight_map"].items()) {
+      if (!shard.is_string()) ftplan::fail_input(path.string() + ": weight_map." + name + " is not a file name");
+      const std::string shard_name = shard.get<std::string>();
+      if (!by_shard.count(shard_name)) {
+        files.push_back(std::make_unique<SafetensorsFile>((path.parent_path() / shard_name).string()));
+        by_shard[shard_name] = files.back().get();
+      }
+      const SafetensorsEntry* e = by_shard[shard_name]->find(name);
+      if (!e) ftplan::fail_input(path.string() + ": the index puts " + name + " in " + shard_name + ", which does not hold it");
+      found[name] = e;
+      found_in[name] = by_shard[shard_name]->path();
+    }
+  } else {
+    files.push_back(std::make_unique<SafetensorsFile>(path.string()));
+    for (const auto& e : files.back()->entries()) {
+      found[e.name] = &e;
+      found_in[e.name] = files.back()->path();
+    }
+  }
+
+  // Check every name and shape before touching the model; collect all problems.
+  std::vector<std::string> problems;
+  std::set<std::string> expected_names;
+  for (const auto& [name, shape] : llama_expected_tensors(m.spec)) {
+    expected_names.insert(name);
+    auto it = found.find(name);
+    if (it == found.end()) {
+      problems.push_back(name + " is missing");
+    } else if (it->second->shape != shape) {
+      problems.push_back(name + " has shape " + shape_string(it->second->shape) + ", the config (" + m.spec.name +
+                         ") expects " + shape_string(shape));
+    } else {
+      (void)scalar_type_of_safetensors(it->second->dtype, found_in[name] + ": " + name);
+    }
+  }
+  for (const auto& [name, entry] : found) {
+    if (expected_names.count(name) || ends_with(name, ".rotary_emb.inv_freq")) continue;
+    if (name == "lm_head.weight" && m.spec.tie_word_embeddings) continue;  // some tied checkpoints store it
+    problems.push_back(name + " is not a tensor of this config (" + m.spec.name + ")");
+  }
+  if (!problems.empty()) {
+    std::string msg = path.string() + ": " + std::to_string(problems.size()) + " tensor(s) do not match the config: ";
+    for (size_t i = 0; i < problems.size() && i < 6; ++i) msg += (i ? "; " : "") + problems[i];
+    if (problems.size() > 6) msg += "; and " + std::to_string(problems.size() - 6) + " more";
+    ftplan::fail_input(msg);
+  }
+  at::NoGradGuard no_grad;
+  for (auto& [name, param] : llama_named_parameters(m)) {
+    at::Tensor p = param;
+    p.copy_(tensor_view_of(*found.at(name)));
+  }
+}
+
+void llama_save_weights(const LlamaModel& m, const std::string& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw std::runtime_error("--save " + dir + ": cannot create the folder (" + ec.message() + ")");
+  std::vector<at::Tensor> keep;
+  std::vector<SafetensorsEntry> entries;
+  for (const auto& [name, t] : llama_named_parameters(m)) {
+    keep.push_back(t.detach().to(at::kCPU).contiguous());
+    entries.push_back(safetensors_entry(name, keep.back()));
+  }
+  write_safetensors((fs::path(dir) / "model.safetensors").string(), entries, {{"format", "pt"}});
+}
+
+at::Tensor llama_block_forward(LlamaModel& m, int64_t layer, const at::Tensor& x) {
+  ensure_caches(m, x.size(1));
+  const LlamaBlock& blk = m.layers[layer];
+  const double eps = m.spec.rms_norm_eps;
+  at::Tensor h = x + attention(m, blk, rms_norm(x, blk.input_layernorm, eps));
+  return h + mlp(m, blk, rms_norm(h, blk.post_attention_layernorm, eps));
+}
+
+at::Tensor llama_hidden(LlamaModel& m, const at::Tensor& input_ids) {
+  ensure_caches(m, input_ids.size(1));
+  at::Tensor h = run_blocks(m, at::embedding(m.embed_tokens, input_ids));
+  return rms_norm(h, m.norm, m.spec.rms_norm_eps);
+}
+
+at::Tensor llama_loss(LlamaModel& m, const at::Tensor& input_ids, const at::Tensor& labels) {
+  at::Tensor logprobs;
+  {
+    // The logits die at the end of this scope: log_softmax keeps its fp32 output, not its input.
+    at::Tensor logits = at::linear(llama_hidden(m, input_ids), m.head_weight());
+    logprobs = at::log_softmax(logits.to(at::kFloat), -1);
+  }
+  return at::nll_loss(logprobs.view({-1, m.spec.vocab_size}), labels.reshape({-1}), {}, at::Reduction::Mean, -100);
+}
+
+}  // namespace ftexec

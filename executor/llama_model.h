@@ -1,0 +1,116 @@
+// A Llama-family decoder (Llama 2/3/3.1/3.2, Mistral, Qwen2 layouts) in LibTorch, built from the
+// same ftplan::ModelSpec the planner reads: RMSNorm, RoPE (default, linear, dynamic and llama3
+// scaling), GQA attention, SwiGLU MLP, tied or untied head, biases as the config says. Parameters
+// carry Hugging Face's names so safetensors load and save without a mapping table.
+//
+// The forward keeps exactly the tensors listed at the top of planner/activation_memory.h for
+// backward (the measured CPU peak is checked against the planner's formula in the tests):
+//   RMSNorm upcasts its input to fp32 first; eager attention repeats k and v to all heads and takes
+//   an fp32 softmax; o_proj reads a contiguous copy; SwiGLU is down(silu(gate(x)) * up(x)); the loss
+//   is an fp32 log_softmax + nll_loss on labels shifted by the data loader, and the logits are not
+//   kept alive after it.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "executor/safetensors.h"
+#include "planner/model_spec.h"
+
+namespace ftexec {
+
+// A LoRA adapter on one linear layer (Hu et al. 2021): y = W x + B A dropout(x) · alpha / r.
+struct LoraAdapter {
+  at::Tensor a;         // lora_A.weight, [r, in]: kaiming-uniform init as PEFT does
+  at::Tensor b;         // lora_B.weight, [out, r]: zeros, so the adapted model starts equal to the base
+  double scaling = 2.0; // alpha / r, e.g. 32 / 16
+  double dropout = 0.0; // on the adapter's input, training only, e.g. 0.05
+};
+
+struct Linear {
+  at::Tensor weight;  // [out, in]
+  at::Tensor bias;    // [out], undefined without bias
+  std::optional<LoraAdapter> lora;
+};
+
+struct LlamaBlock {
+  at::Tensor input_layernorm;           // [hidden]
+  Linear q_proj, k_proj, v_proj, o_proj;
+  at::Tensor post_attention_layernorm;  // [hidden]
+  Linear gate_proj, up_proj, down_proj;
+};
+
+struct ModelOptions {
+  at::ScalarType dtype = at::kFloat;  // parameters and compute: kFloat or kBFloat16
+  at::Device device = at::kCPU;
+  bool use_sdpa = false;              // fused attention; only where compat::kHasSdpa
+  bool checkpointing = false;         // keep each block's input only, recompute it in backward
+};
+
+struct LlamaModel {
+  ftplan::ModelSpec spec;
+  ModelOptions options;
+  at::Tensor embed_tokens;  // [vocab, hidden]
+  std::vector<LlamaBlock> layers;
+  at::Tensor norm;          // [hidden]
+  at::Tensor lm_head;       // [vocab, hidden]; undefined when tied to embed_tokens
+  bool training = true;     // LoRA dropout on
+  // Caches for the current sequence length (no grad, on the device).
+  int64_t cached_seq_len = 0;
+  at::Tensor rope_cos, rope_sin;  // [S, head_dim] in the compute dtype
+  at::Tensor causal_mask;         // [S, S] bool, true above the diagonal
+
+  const at::Tensor& head_weight() const { return lm_head.defined() ? lm_head : embed_tokens; }
+};
+
+// Builds the model with Hugging Face's initialisation from `seed` (linears and embedding
+// N(0, 0.02), biases 0, norms 1), drawn on the CPU in fp32 so every device and dtype starts from
+// the same numbers; `random_init` false leaves the weights uninitialised (to be loaded).
+LlamaModel llama_create(const ftplan::ModelSpec& spec, const ModelOptions& options, uint64_t seed,
+                        bool random_init = true);
+
+// The base parameters by Hugging Face name, in a fixed order (adapters are not included).
+std::vector<std::pair<std::string, at::Tensor>> llama_named_parameters(const LlamaModel& model);
+// The names and shapes a checkpoint of this config must hold.
+std::vector<std::pair<std::string, std::vector<int64_t>>> llama_expected_tensors(const ftplan::ModelSpec& spec);
+
+// The seven linears of one block by module name ("q_proj", ..., "down_proj") and their HF prefix
+// inside the block ("self_attn." or "mlp.").
+Linear& block_linear(LlamaBlock& block, const std::string& module);
+const Linear& block_linear(const LlamaBlock& block, const std::string& module);
+std::string block_linear_prefix(const std::string& module);
+
+// Loads Hugging Face safetensors: a file, a folder holding model.safetensors or
+// model.safetensors.index.json, or an index file (sharded). Every name and shape is checked against
+// the config first; all problems are reported together in one InputError naming the tensors.
+void llama_load_weights(LlamaModel& model, const std::string& path);
+// Writes <dir>/model.safetensors (HF names, the parameters' dtype), atomically.
+void llama_save_weights(const LlamaModel& model, const std::string& dir);
+
+// RoPE inverse frequencies after the config's scaling (HF's _compute_*_parameters), head_dim / 2 values.
+std::vector<double> rope_inv_freq(const ftplan::ModelSpec& spec, int64_t seq_len);
+
+// Mean next-token cross-entropy of input_ids [B, S] against labels [B, S] (int64, on the device;
+// label -100 is ignored). Builds the autograd graph when grad mode is on.
+at::Tensor llama_loss(LlamaModel& model, const at::Tensor& input_ids, const at::Tensor& labels);
+
+// Final hidden states [B, S, hidden] after the last norm (no head): for tests and inference.
+at::Tensor llama_hidden(LlamaModel& model, const at::Tensor& input_ids);
+
+// One decoder block on x [B, S, hidden]: exposed for the checkpointing test.
+at::Tensor llama_block_forward(LlamaModel& model, int64_t layer, const at::Tensor& x);
+
+// Tensors <-> safetensors entries (CPU, contiguous; the tensor must outlive the entry).
+std::string safetensors_dtype_of(at::ScalarType type);
+at::ScalarType scalar_type_of_safetensors(const std::string& dtype, const std::string& where);
+SafetensorsEntry safetensors_entry(const std::string& name, const at::Tensor& cpu_contiguous);
+at::Tensor tensor_view_of(const SafetensorsEntry& entry);  // borrows the mapped bytes: copy before the file closes
+
+std::string shape_to_string(at::IntArrayRef shape);
+
+}  // namespace ftexec

@@ -1,0 +1,141 @@
+// ftexec: run a fine-tuning plan for real with LibTorch on one device and measure it.
+//   ftexec run plan.json --out measured.json          the plan `ftplan plan -o plan.json` wrote
+//   ftexec run --model tiny-test --method lora --steps 30 --device cpu --out m.json
+// Flags override the plan's values. Exit codes: 0 ok, 2 bad input, 3 runtime failure (OOM, ...);
+// on failure nothing is written.
+#include <unistd.h>
+
+#include <iostream>
+#include <optional>
+
+#include <CLI/CLI.hpp>
+
+#include "executor/exec_job.h"
+#include "executor/run_job.h"
+#include "planner/errors.h"
+#include "planner/json_fields.h"
+
+namespace {
+
+struct RunOptions {
+  std::string plan_file;
+  std::string out;
+  std::optional<std::string> model, method, lora_targets, checkpointing, attention, precision, device, data, gpu;
+  std::optional<int64_t> lora_rank, seq_len, micro_batch, grad_accum, steps, seed;
+  std::optional<double> lr, lora_alpha, lora_dropout;
+  int64_t warmup = 1;
+  int64_t threads = 0;
+  double max_grad_norm = 1.0;
+  double weight_decay = 0.0;
+  double cpu_memory_limit_gib = 0;
+  std::string save, load_weights;
+  bool no_progress = false;
+};
+
+void setup_run(CLI::App& app, RunOptions& o) {
+  auto* run = app.add_subcommand("run", "Train a plan (or a job given by flags) and write measured.json");
+  run->add_option("plan", o.plan_file, "plan.json written by `ftplan plan -o` (optional)");
+  run->add_option("-o,--out", o.out, "where to write measured.json (atomically)");
+  run->add_option("--model", o.model, "model config: short name (configs/models) or config.json path");
+  run->add_option("--method", o.method, "full | lora");
+  run->add_option("--lora-rank", o.lora_rank, "LoRA rank r, e.g. 16");
+  run->add_option("--lora-alpha", o.lora_alpha, "LoRA alpha, e.g. 32");
+  run->add_option("--lora-dropout", o.lora_dropout, "LoRA dropout, e.g. 0.05");
+  run->add_option("--lora-targets", o.lora_targets, "q_proj,v_proj | all-linear | a comma list");
+  run->add_option("--seq-len", o.seq_len, "tokens per sample, e.g. 2048");
+  run->add_option("--micro-batch", o.micro_batch, "samples per micro-batch, e.g. 4");
+  run->add_option("--grad-accum", o.grad_accum, "micro-batches per optimizer step");
+  run->add_option("--checkpointing", o.checkpointing, "none | full");
+  run->add_option("--attention", o.attention, "eager | fused (SDPA, libtorch >= 2.1)");
+  run->add_option("--precision", o.precision, "fp32 | bf16 | mixed (bf16 compute, fp32 master weights)");
+  run->add_option("--steps", o.steps, "optimizer steps");
+  run->add_option("--lr", o.lr, "AdamW learning rate");
+  run->add_option("--seed", o.seed, "seed for the initial weights, adapters and synthetic data");
+  run->add_option("--data", o.data, "synthetic | PATH.jsonl (input_ids per line) | PATH.bin (uint32 tokens)");
+  run->add_option("--device", o.device, "cpu | cuda | cuda:N");
+  run->add_option("--gpu", o.gpu, "hwdb id for the MFU's peak FLOP/s on CUDA, e.g. h100-sxm");
+  run->add_option("--warmup", o.warmup, "steps left out of the timings")->capture_default_str();
+  run->add_option("--threads", o.threads, "intra-op threads (0: all cores)")->capture_default_str();
+  run->add_option("--max-grad-norm", o.max_grad_norm, "gradient clipping (0: off)")->capture_default_str();
+  run->add_option("--weight-decay", o.weight_decay, "AdamW weight decay")->capture_default_str();
+  run->add_option("--cpu-memory-limit-gib", o.cpu_memory_limit_gib, "fail CPU allocations beyond this (0: none)");
+  run->add_option("--save", o.save, "write the adapter (PEFT) or full weights (safetensors) to DIR");
+  run->add_option("--load-weights", o.load_weights, "HF safetensors: file, folder or model.safetensors.index.json");
+  run->add_flag("--no-progress", o.no_progress, "no progress bar even on a terminal");
+}
+
+int run_run(const RunOptions& o) {
+  ftplan::TrainingSetup setup;
+  std::optional<nlohmann::json> plan;
+  if (!o.plan_file.empty()) {
+    plan = ftplan::read_json_file(o.plan_file);
+    setup = ftexec::setup_from_plan(*plan, o.plan_file);
+  } else {
+    if (!o.model) ftplan::fail_input("--model: required without a plan file");
+    setup.device = "cpu";
+  }
+  const std::string f = "flags";
+  if (o.model) setup.model = *o.model;
+  if (o.method) setup.method = ftplan::parse_method(*o.method, "--method");
+  if (o.lora_rank) setup.lora.rank = *o.lora_rank;
+  if (o.lora_alpha) setup.lora.alpha = *o.lora_alpha;
+  if (o.lora_dropout) setup.lora.dropout = *o.lora_dropout;
+  if (o.lora_targets) setup.lora.targets = ftplan::parse_lora_targets(*o.lora_targets, "--lora-targets");
+  if (o.seq_len) setup.seq_len = *o.seq_len;
+  if (o.micro_batch) setup.micro_batch = *o.micro_batch;
+  if (o.grad_accum) setup.grad_accum = *o.grad_accum;
+  if (o.checkpointing) setup.checkpointing = ftplan::parse_checkpointing(*o.checkpointing, "--checkpointing");
+  if (o.attention) setup.attention = ftplan::parse_attention(*o.attention, "--attention");
+  if (o.precision) setup.precision = ftplan::parse_precision(*o.precision, "--precision");
+  if (o.steps) setup.steps = *o.steps;
+  if (o.lr) setup.learning_rate = *o.lr;
+  if (o.seed) setup.seed = *o.seed;
+  if (o.data) setup.data = *o.data;
+  if (o.gpu) setup.gpu = *o.gpu;
+  ftexec::ExecJob job = ftexec::make_exec_job(setup, o.device.value_or(setup.device));
+  job.plan = plan;
+  job.warmup_steps = std::min<int64_t>(o.warmup, job.setup.steps - 1);
+  job.threads = o.threads;
+  job.max_grad_norm = o.max_grad_norm;
+  job.weight_decay = o.weight_decay;
+  job.cpu_memory_limit_bytes = static_cast<int64_t>(o.cpu_memory_limit_gib * double(1ll << 30));
+  job.save_dir = o.save;
+  job.load_weights = o.load_weights;
+  job.progress = !o.no_progress;
+
+  const nlohmann::json measured = ftexec::run_job(job);
+  if (!o.out.empty()) ftplan::write_file_atomically(o.out, measured.dump(2) + "\n");
+  const auto& rank = measured["ranks"][0];
+  std::cout << "loss " << measured["loss"].front().get<double>() << " -> " << measured["loss"].back().get<double>()
+            << ", step " << measured["step_time_s"].get<double>() << " s, " << measured["tokens_per_s"].get<double>()
+            << " tokens/s, peak " << rank["peak_memory_bytes"].get<int64_t>() / double(1 << 20) << " MiB"
+            << (o.out.empty() ? "" : ", wrote " + o.out) << "\n";
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"ftexec: run a fine-tuning plan with LibTorch on one device and measure it"};
+  app.require_subcommand(1);
+  RunOptions options;
+  setup_run(app, options);
+  try {
+    app.parse(argc, argv);
+    return run_run(options);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "ftexec: error: " << e.what() << "\n";
+    return 2;
+  } catch (const ftplan::InputError& e) {
+    std::cerr << "ftexec: error: " << e.what() << "\n";
+    return 2;
+  } catch (const ftexec::RuntimeFailure& e) {
+    std::cerr << "ftexec: failed: " << e.what() << "\n";
+    return 3;
+  } catch (const std::exception& e) {
+    std::cerr << "ftexec: failed: " << e.what() << "\n";
+    return 3;
+  }
+}

@@ -1,0 +1,113 @@
+// The one place that knows LibTorch 1.13 (Debian's CPU build) from 2.x (the pip wheel's CUDA build).
+// Nothing else in ftexec branches on TORCH_VERSION_*; it asks this header instead.
+//   - SDPA: at::scaled_dot_product_attention with `scale` exists from 2.1, `enable_gqa` from 2.5.
+//   - c10d: ProcessGroupGloo/NCCL derive from c10d::ProcessGroup in 1.13 and c10d::Backend in 2.x
+//     (for the distributed executor, issue 6; no c10d header is included here yet).
+//   - CUDA caching-allocator statistics: the aggregate entry is index [0] in both (the StatType enum
+//     moved in 2.x), read through cuda_memory_stats() below.
+// CUDA code is compiled only when the LibTorch found by CMake has CUDA (FTEXEC_WITH_CUDA).
+#pragma once
+
+#include <cstdint>
+
+#include <ATen/ATen.h>
+#include <torch/version.h>
+
+#if defined(FTEXEC_WITH_CUDA)
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <cuda_runtime_api.h>
+#endif
+
+#define FTEXEC_TORCH_AT_LEAST(major, minor) \
+  (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
+
+namespace ftexec::compat {
+
+// "1.13" or "2.5": what measured.json reports.
+inline const char* torch_version() { return TORCH_VERSION; }
+
+// ---- attention ---------------------------------------------------------------------------------
+constexpr bool kHasSdpa = FTEXEC_TORCH_AT_LEAST(2, 1);
+constexpr bool kSdpaHasGqa = FTEXEC_TORCH_AT_LEAST(2, 5);
+
+// Causal SDPA over q [B, H, S, d] and k, v [B, H_kv, S, d]. Where SDPA takes GQA natively (2.5+)
+// k and v stay unrepeated (what the planner's fused-attention term assumes); before that the caller
+// passes them repeated to H heads. Only call when kHasSdpa.
+inline at::Tensor sdpa_causal(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale) {
+#if FTEXEC_TORCH_AT_LEAST(2, 5)
+  return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true,
+                                          scale, /*enable_gqa=*/k.size(1) != q.size(1));
+#elif FTEXEC_TORCH_AT_LEAST(2, 1)
+  return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true,
+                                          scale);
+#else
+  (void)q, (void)k, (void)v, (void)scale;
+  TORCH_CHECK(false, "scaled_dot_product_attention needs libtorch >= 2.1 (this is ", TORCH_VERSION, ")");
+#endif
+}
+
+// ---- allocators --------------------------------------------------------------------------------
+// c10::Allocator::allocate() lost its `const` and copy_data() became pure virtual in 2.3.
+#if FTEXEC_TORCH_AT_LEAST(2, 3)
+#define FTEXEC_ALLOCATE_CONST
+#define FTEXEC_ALLOCATOR_HAS_COPY_DATA 1
+#else
+#define FTEXEC_ALLOCATE_CONST const
+#define FTEXEC_ALLOCATOR_HAS_COPY_DATA 0
+#endif
+
+// ---- CUDA memory -------------------------------------------------------------------------------
+constexpr bool kBuiltWithCuda =
+#if defined(FTEXEC_WITH_CUDA)
+    true;
+#else
+    false;
+#endif
+
+struct CudaMemoryStats {
+  int64_t allocated_current_bytes = 0;  // tensors alive now
+  int64_t allocated_peak_bytes = 0;
+  int64_t active_peak_bytes = 0;        // blocks in use, incl. rounding up of allocation sizes
+  int64_t reserved_current_bytes = 0;   // held by the caching allocator
+  int64_t reserved_peak_bytes = 0;
+  int64_t num_alloc_retries = 0;        // cudaMalloc retries after freeing the cache: fragmentation
+  int64_t device_used_bytes = 0;        // cudaMemGetInfo: total - free (context, cuBLAS, NCCL too)
+  int64_t device_total_bytes = 0;
+};
+
+inline CudaMemoryStats cuda_memory_stats(int device) {
+  CudaMemoryStats s;
+#if defined(FTEXEC_WITH_CUDA)
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device);
+  s.allocated_current_bytes = stats.allocated_bytes[0].current;
+  s.allocated_peak_bytes = stats.allocated_bytes[0].peak;
+  s.active_peak_bytes = stats.active_bytes[0].peak;
+  s.reserved_current_bytes = stats.reserved_bytes[0].current;
+  s.reserved_peak_bytes = stats.reserved_bytes[0].peak;
+  s.num_alloc_retries = stats.num_alloc_retries;
+  size_t free_bytes = 0, total_bytes = 0;
+  if (cudaSetDevice(device) == cudaSuccess && cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
+    s.device_used_bytes = static_cast<int64_t>(total_bytes - free_bytes);
+    s.device_total_bytes = static_cast<int64_t>(total_bytes);
+  }
+#else
+  (void)device;
+#endif
+  return s;
+}
+
+inline void cuda_reset_peak_stats(int device) {
+#if defined(FTEXEC_WITH_CUDA)
+  c10::cuda::CUDACachingAllocator::resetPeakStats(device);
+#else
+  (void)device;
+#endif
+}
+
+inline void cuda_synchronize() {
+#if defined(FTEXEC_WITH_CUDA)
+  cudaDeviceSynchronize();
+#endif
+}
+
+}  // namespace ftexec::compat

@@ -1,0 +1,92 @@
+#include "planner/activation_memory.h"
+
+#include <algorithm>
+
+#include "planner/precision.h"
+
+namespace ftplan {
+namespace {
+
+bool contains(const std::vector<std::string>& names, const std::string& name) {
+  return std::find(names.begin(), names.end(), name) != names.end();
+}
+
+bool base_trains(const ActivationInputs& in) { return in.method == Method::full; }
+
+// A linear layer's input is kept when its own weight trains or a LoRA adapter (without dropout)
+// reads it.
+bool keeps_input(const ActivationInputs& in, const std::string& module) {
+  if (base_trains(in)) return true;
+  return contains(in.lora.targets, module) && in.lora.dropout == 0.0;
+}
+
+}  // namespace
+
+ActivationInputs activation_inputs(const TrainingSetup& setup, int64_t micro_batch, Attention attention) {
+  ActivationInputs in;
+  in.micro_batch = micro_batch;
+  in.seq_len = setup.seq_len;
+  in.precision = setup.precision;
+  in.attention = attention;
+  in.method = setup.method;
+  in.lora = setup.lora;
+  return in;
+}
+
+int64_t block_activation_bytes(const ModelSpec& m, const ActivationInputs& in) {
+  const int64_t a = activation_bytes(in.precision);
+  const int64_t T = in.micro_batch * in.seq_len;
+  const int64_t h = m.hidden_size, q = m.q_dim(), kv = m.kv_dim(), i = m.intermediate_size;
+  const int64_t scores = in.micro_batch * m.num_heads * in.seq_len * in.seq_len;
+
+  // Two RMSNorms: fp32 input, fp32 rstd, and the normalised input when the norm weight trains.
+  int64_t bytes = 2 * (4 * T * h + 4 * T + (base_trains(in) ? a * T * h : 0));
+  // Norm outputs, shared by the linears that read them.
+  if (keeps_input(in, "q_proj") || keeps_input(in, "k_proj") || keeps_input(in, "v_proj")) bytes += a * T * h;
+  if (keeps_input(in, "gate_proj") || keeps_input(in, "up_proj")) bytes += a * T * h;
+  // Attention.
+  if (in.attention == Attention::fused) {
+    bytes += a * T * (q + 2 * kv) + a * T * q + 4 * in.micro_batch * m.num_heads * in.seq_len;
+  } else {
+    bytes += 3 * a * T * q + 4 * scores + (a == 2 ? 2 * scores : 0);
+  }
+  if (keeps_input(in, "o_proj")) bytes += a * T * q;
+  // SwiGLU: gate, SiLU(gate), up; the product feeds down_proj.
+  bytes += 3 * a * T * i;
+  if (keeps_input(in, "down_proj")) bytes += a * T * i;
+  // LoRA adapters.
+  if (in.method != Method::full) {
+    for (const auto& lin : block_linears(m)) {
+      if (!contains(in.lora.targets, lin.name)) continue;
+      bytes += a * T * in.lora.rank;
+      if (in.lora.dropout > 0.0) bytes += (a + 1) * T * lin.in_features;
+    }
+  }
+  return bytes;
+}
+
+int64_t head_activation_bytes(const ModelSpec& m, const ActivationInputs& in) {
+  const int64_t a = activation_bytes(in.precision);
+  const int64_t T = in.micro_batch * in.seq_len;
+  const int64_t h = m.hidden_size;
+  int64_t bytes = 4 * T * h + 4 * T;                     // final RMSNorm: fp32 input and rstd
+  if (base_trains(in)) bytes += a * T * h + a * T * h;  // normalised input; lm_head input
+  return bytes;
+}
+
+int64_t activation_bytes_for_layers(const ModelSpec& m, const ActivationInputs& in, int64_t num_layers,
+                                    bool with_head, Checkpointing checkpointing) {
+  if (num_layers <= 0 && !with_head) return 0;
+  const int64_t block = block_activation_bytes(m, in);
+  const int64_t head = with_head ? head_activation_bytes(m, in) : 0;
+  if (checkpointing == Checkpointing::none) return num_layers * block + head;
+  // Full checkpointing: each block's input stays; one block is recomputed at a time in backward.
+  const int64_t block_input = activation_bytes(in.precision) * in.micro_batch * in.seq_len * m.hidden_size;
+  return num_layers * block_input + (num_layers > 0 ? block : 0) + head;
+}
+
+int64_t logits_loss_bytes(const ModelSpec& m, int64_t micro_batch, int64_t seq_len) {
+  return 12 * micro_batch * seq_len * m.vocab_size;
+}
+
+}  // namespace ftplan

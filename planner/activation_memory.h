@@ -1,0 +1,58 @@
+// Activation memory of a Llama block (RMSNorm, RoPE, GQA attention, SwiGLU) and of the loss, as
+// the tensors autograd keeps for backward. After Korthikanti et al. 2022 ("Reducing Activation
+// Recomputation in Large Transformer Models", sec. 4.1), redone for Llama's block and for frozen
+// weights: a frozen linear layer keeps no input, because its weight needs no gradient.
+//
+// Per block, with T = micro_batch × seq_len tokens and a = activation bytes (2 bf16, 4 fp32), the
+// tensors kept are (this is the list ftexec's model keeps too, so a measured run checks it):
+//   RMSNorm ×2: its input in fp32 (4·T·h: HF and ftexec upcast first), the fp32 rstd (4·T), and,
+//               when the norm weight trains, the normalised input (a·T·h)
+//   norm outputs: a·T·h each, kept when a consumer linear trains (q/k/v; gate/up)
+//   attention, fused (SDPA/flash): q (a·T·q_dim), k and v (a·T·kv_dim each), the output
+//               (a·T·q_dim) and the fp32 log-sum-exp (4·B·heads·S)
+//   attention, eager: q, k and v repeated to all heads (a·T·q_dim each), the fp32 softmax
+//               (4·B·heads·S²) and, under bf16, its bf16 copy for P·V (2·B·heads·S²)
+//   o_proj input: a·T·q_dim when o_proj trains
+//   SwiGLU: gate output, SiLU output and up output (a·T·i each), down_proj input (a·T·i) when
+//               down_proj trains
+//   LoRA per adapted module: A's output (a·T·r); with dropout, the dropped-out input (a·T·in)
+//               and its mask (1·T·in) instead of the shared input
+// Full checkpointing keeps only each block's input (a·T·h) and recomputes one block at a time.
+#pragma once
+
+#include <cstdint>
+
+#include "planner/model_spec.h"
+#include "planner/training_setup.h"
+
+namespace ftplan {
+
+struct ActivationInputs {
+  int64_t micro_batch = 1;  // B
+  int64_t seq_len = 1;      // S
+  Precision precision = Precision::mixed;
+  Attention attention = Attention::fused;
+  Method method = Method::full;
+  LoraSpec lora;
+};
+
+ActivationInputs activation_inputs(const TrainingSetup& setup, int64_t micro_batch, Attention attention);
+
+// Bytes one decoder block keeps for backward, no checkpointing.
+int64_t block_activation_bytes(const ModelSpec& model, const ActivationInputs& in);
+
+// Bytes kept by the final RMSNorm and lm_head input (the loss itself is separate).
+int64_t head_activation_bytes(const ModelSpec& model, const ActivationInputs& in);
+
+// Bytes of activations for `num_layers` blocks (+ the head when `with_head`), under checkpointing:
+// none keeps every block's tensors; full keeps each block input and one block's tensors again
+// while it is recomputed.
+int64_t activation_bytes_for_layers(const ModelSpec& model, const ActivationInputs& in,
+                                    int64_t num_layers, bool with_head, Checkpointing checkpointing);
+
+// The loss's peak: the fp32 log-softmax kept for backward (4·T·V), its gradient (4·T·V) and the
+// gradient of the fp32 logits (4·T·V) are alive together inside log_softmax's backward = 12·T·V.
+// The logits themselves are not kept (the cast and the linear need no output for backward).
+int64_t logits_loss_bytes(const ModelSpec& model, int64_t micro_batch, int64_t seq_len);
+
+}  // namespace ftplan

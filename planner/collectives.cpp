@@ -1,0 +1,90 @@
+#include "planner/collectives.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "planner/topology.h"
+
+namespace ftplan {
+
+std::string to_string(Collective c) {
+  switch (c) {
+    case Collective::all_reduce: return "all_reduce";
+    case Collective::reduce_scatter: return "reduce_scatter";
+    case Collective::all_gather: return "all_gather";
+    case Collective::broadcast: return "broadcast";
+    case Collective::send_recv: return "send_recv";
+  }
+  return "?";
+}
+
+CollectiveFormula collective_formula(Collective c) {
+  switch (c) {
+    case Collective::all_reduce: return {2.0, -1.0, 2.0};
+    case Collective::reduce_scatter: return {1.0, -1.0, 1.0};
+    case Collective::all_gather: return {1.0, -1.0, 1.0};
+    case Collective::broadcast: return {1.0, 0.0, 1.0};
+    case Collective::send_recv: return {1.0, 0.0, 0.0};
+  }
+  return {0, 0, 0};
+}
+
+double wire_bytes(Collective c, double bytes, int64_t n) {
+  if (c != Collective::send_recv && n <= 1) return 0.0;
+  const CollectiveFormula f = collective_formula(c);
+  return f.scale * bytes * (1.0 + f.offset / static_cast<double>(std::max<int64_t>(n, 1)));
+}
+
+double collective_time_s(Collective c, double bytes, int64_t n, double bandwidth, double latency_s,
+                         double efficiency) {
+  if (bytes <= 0 || (c != Collective::send_recv && n <= 1)) return 0.0;
+  const CollectiveFormula f = collective_formula(c);
+  const double steps = c == Collective::send_recv ? 1.0 : f.latency_steps * static_cast<double>(n - 1);
+  return latency_s * steps + wire_bytes(c, bytes, n) / (bandwidth * efficiency);
+}
+
+Interconnect interconnect_for(const HardwareSpec& hw, int64_t num_gpus) {
+  Interconnect net;
+  net.num_gpus = std::max<int64_t>(1, num_gpus);
+  net.gpus_per_node = std::min(net.num_gpus, hw.gpus_per_node);
+  net.nodes = (net.num_gpus + hw.gpus_per_node - 1) / hw.gpus_per_node;
+  net.inter_bandwidth_bytes_per_s = hw.inter_node_bandwidth_bytes_per_s;
+  net.host_bandwidth_bytes_per_s = hw.pcie_host_bandwidth_bytes_per_s;
+  net.latency_s = hw.comm_latency_s;
+  if (net.gpus_per_node >= 2) {
+    RingBandwidth ring = ring_bandwidth(hw.topology, net.gpus_per_node);
+    net.intra_bandwidth_bytes_per_s = ring.bytes_per_s;
+    net.intra_bottleneck = ring.bottleneck;
+    // Neighbouring stages: the slowest neighbour pair (stage k and k+1 in index order).
+    double p2p = path_bandwidth(hw.topology, 0, 1);
+    for (int64_t k = 1; k + 1 < net.gpus_per_node; ++k) p2p = std::min(p2p, path_bandwidth(hw.topology, k, k + 1));
+    net.p2p_bandwidth_bytes_per_s = net.nodes > 1 ? std::min(p2p, net.inter_bandwidth_bytes_per_s) : p2p;
+  } else {
+    net.intra_bandwidth_bytes_per_s = hw.intra_node_bandwidth_bytes_per_s;
+    net.p2p_bandwidth_bytes_per_s = net.nodes > 1 ? net.inter_bandwidth_bytes_per_s : hw.intra_node_bandwidth_bytes_per_s;
+  }
+  return net;
+}
+
+double collective_time_s(const Interconnect& net, Collective c, double bytes) {
+  const double a = net.latency_s;
+  const int64_t g = net.gpus_per_node;
+  if (c == Collective::send_recv)
+    return collective_time_s(c, bytes, 2, net.p2p_bandwidth_bytes_per_s, a);
+  if (net.nodes <= 1) return collective_time_s(c, bytes, g, net.intra_bandwidth_bytes_per_s, a);
+  const double intra = net.intra_bandwidth_bytes_per_s, inter = net.inter_bandwidth_bytes_per_s;
+  switch (c) {
+    case Collective::all_reduce:
+      return collective_time_s(Collective::reduce_scatter, bytes, g, intra, a) +
+             collective_time_s(Collective::all_reduce, bytes / g, net.nodes, inter, a) +
+             collective_time_s(Collective::all_gather, bytes, g, intra, a);
+    case Collective::reduce_scatter:
+    case Collective::all_gather:
+      return collective_time_s(c, bytes, g, intra, a) + collective_time_s(c, bytes / g, net.nodes, inter, a);
+    case Collective::broadcast:
+      return collective_time_s(c, bytes, net.num_gpus, std::min(intra, inter), a);
+    default: return 0.0;
+  }
+}
+
+}  // namespace ftplan

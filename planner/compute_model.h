@@ -1,0 +1,45 @@
+// FLOPs of a training step from the model spec, and the time they take at an assumed efficiency.
+// Matmul FLOPs per token: 2 per weight in forward (Kaplan et al. 2020, sec. 2.1); backward is
+// 2x forward when weights train (input and weight gradients) and 1x for frozen weights (input
+// gradients only), so full fine-tuning costs 6·N·tokens and LoRA about 4·N·tokens. Attention
+// scores add 4·S·q_dim per token per layer forward (PaLM, Chowdhery et al. 2022, app. B), and 2x
+// that in backward. Full checkpointing recomputes every block's forward once.
+#pragma once
+
+#include <cstdint>
+
+#include "planner/hardware_spec.h"
+#include "planner/model_spec.h"
+#include "planner/training_setup.h"
+
+namespace ftplan {
+
+struct FlopsPerToken {
+  double forward = 0;        // whole model, one token
+  double backward = 0;
+  double block_forward = 0;  // what full checkpointing recomputes (all blocks)
+  double model = 0;          // forward + backward, no recompute: the MFU numerator
+};
+
+FlopsPerToken flops_per_token(const ModelSpec& model, const TrainingSetup& setup);
+
+// Dense peak FLOP/s used for the job's precision: bf16 tensor cores under mixed/bf16; fp32 under
+// fp32 (PyTorch leaves TF32 matmuls off by default since 1.12).
+double peak_flops(const HardwareSpec& hw, Precision precision);
+
+// The efficiency used: the user's --efficiency, else the hwdb's matmul_efficiency.
+double compute_efficiency(const HardwareSpec& hw, const TrainingSetup& setup);
+
+// QLoRA dequantises every NF4 weight before each use: a memory-bound pass reading 0.516 B and
+// writing 2 B per parameter at HBM bandwidth.
+double nf4_dequant_time_s(int64_t nf4_params, const HardwareSpec& hw);
+
+// AdamW step: a memory-bound pass reading and writing ~28 B per trainable parameter (fp32 master,
+// gradient, two moments, bf16 copy) at HBM bandwidth.
+double optimizer_step_time_s(double trainable_params, const HardwareSpec& hw);
+
+// DeepSpeed's CPU-Adam on the host for offload: ~1e9 parameters per second per GPU's process
+// (estimate from the ZeRO-Offload paper's Table 3 order of magnitude).
+constexpr double kCpuAdamParamsPerS = 1e9;
+
+}  // namespace ftplan

@@ -1,0 +1,289 @@
+#include "planner/hardware_spec.h"
+
+#include <filesystem>
+#include <functional>
+#include <set>
+
+#include <boost/graph/adjacency_list.hpp>
+#include <boost/graph/connected_components.hpp>
+#include <nlohmann/json.hpp>
+
+#include "planner/data_paths.h"
+#include "planner/errors.h"
+#include "planner/json_fields.h"
+
+namespace ftplan {
+namespace {
+
+// Bounds that catch typos (a missing exponent, bits for bytes) rather than describe real hardware.
+constexpr int64_t kMiB = INT64_C(1) << 20;
+constexpr int64_t kTiB = INT64_C(1) << 40;
+constexpr double kMaxFlops = 1e17;                 // 100 PFLOP/s per device
+constexpr double kMaxBandwidthBytesPerS = 1e14;    // 100 TB/s
+constexpr int64_t kMaxGpusPerNode = 1024;
+
+// The figures that must each have an entry in "sources" (and "topology" when the file has one).
+constexpr const char* kSourcedFigures[] = {
+    "memory_bytes",           "peak_flops_fp32",
+    "peak_flops_tf32",        "peak_flops_bf16",
+    "peak_flops_fp8",         "hbm_bandwidth_bytes_per_s",
+    "intra_node_link",        "gpus_per_node",
+    "inter_node_bandwidth_bytes_per_s", "pcie_host_bandwidth_bytes_per_s",
+    "price_usd_per_gpu_hour", "matmul_efficiency",
+    "comm_latency_s",         "framework_overhead_bytes"};
+
+// Collects every problem of one file so that a user fixes them all in one pass (STYLE.md rule 4).
+// Each check runs a strict reader; an InputError it throws becomes one line of the final message.
+class Problems {
+ public:
+  void check(const std::function<void()>& read) {
+    try {
+      read();
+    } catch (const InputError& e) {
+      lines_.push_back(e.what());
+    }
+  }
+  void add(const std::string& line) { lines_.push_back(line); }
+  void append(const Problems& other) { lines_.insert(lines_.end(), other.lines_.begin(), other.lines_.end()); }
+  bool empty() const { return lines_.empty(); }
+  // One problem reads as one line; several are listed one per line, the first on the first line.
+  [[noreturn]] void throw_all() const {
+    std::string msg = lines_.front();
+    if (lines_.size() > 1) {
+      msg += " (and " + std::to_string(lines_.size() - 1) + " more problem" +
+             (lines_.size() > 2 ? "s" : "") + ")";
+      for (size_t i = 1; i < lines_.size(); ++i) msg += "\n  " + lines_[i];
+    }
+    fail_input(msg);
+  }
+
+ private:
+  std::vector<std::string> lines_;
+};
+
+// gpu0..gpuN-1 each linked to one "switch" vertex: what a file without a topology means.
+Topology star_topology(int64_t gpus, double bandwidth_bytes_per_s, const std::string& link_kind) {
+  Topology t;
+  t.vertices.push_back({"switch", "switch"});
+  for (int64_t i = 0; i < gpus; ++i) {
+    std::string gpu = "gpu" + std::to_string(i);
+    t.vertices.push_back({gpu, "gpu"});
+    t.links.push_back({gpu, "switch", bandwidth_bytes_per_s, link_kind});
+  }
+  return t;
+}
+
+Topology read_topology(const nlohmann::json& j, const std::string& where, Problems& problems) {
+  Topology t;
+  problems.check([&] { require_known_keys(j, {"vertices", "links"}, where); });
+  if (!j.is_object()) return t;
+  const auto vertices = j.find("vertices");
+  const auto links = j.find("links");
+  const bool vertices_ok = vertices != j.end() && vertices->is_array() && !vertices->empty();
+  const bool links_ok = links != j.end() && links->is_array();
+  if (!vertices_ok) problems.add(where + ": vertices: expected a non-empty array");
+  if (!links_ok) problems.add(where + ": links: expected an array");
+  if (!vertices_ok || !links_ok) return t;
+
+  for (size_t i = 0; i < vertices->size(); ++i) {
+    const auto& v = (*vertices)[i];
+    const std::string w = where + ": vertices[" + std::to_string(i) + "]";
+    TopologyVertex vertex;
+    problems.check([&] {
+      require_known_keys(v, {"id", "kind"}, w);
+      vertex.id = read_string(v, "id", w);
+      vertex.kind = read_string(v, "kind", w);
+      if (vertex.id.empty()) fail_input(w + ": id: empty");
+      if (vertex.kind != "gpu" && vertex.kind != "switch" && vertex.kind != "cpu" && vertex.kind != "nic")
+        fail_input(w + ": kind: '" + vertex.kind + "' is not one of gpu, switch, cpu, nic");
+    });
+    t.vertices.push_back(vertex);
+  }
+  for (size_t i = 0; i < links->size(); ++i) {
+    const auto& l = (*links)[i];
+    const std::string w = where + ": links[" + std::to_string(i) + "]";
+    TopologyLink link;
+    problems.check([&] {
+      require_known_keys(l, {"a", "b", "kind", "bandwidth_bytes_per_s"}, w);
+      link.a = read_string(l, "a", w);
+      link.b = read_string(l, "b", w);
+      link.kind = read_string(l, "kind", w);
+      // Positive: a zero-bandwidth link would make every route through it infinitely slow.
+      link.bandwidth_bytes_per_s = read_number(l, "bandwidth_bytes_per_s", w, 1e6, kMaxBandwidthBytesPerS);
+    });
+    t.links.push_back(link);
+  }
+  return t;
+}
+
+// Ids unique, links between existing distinct vertices, exactly `gpus` GPU vertices (unless
+// gpus < 0: gpus_per_node itself was bad), connected.
+void check_topology(const Topology& t, int64_t gpus, const std::string& where, Problems& problems) {
+  std::map<std::string, size_t> index;  // vertex id -> graph vertex
+  int64_t gpu_vertices = 0;
+  for (const auto& v : t.vertices) {
+    if (v.id.empty()) continue;  // already reported
+    if (!index.emplace(v.id, index.size()).second)
+      problems.add(where + ": vertices: duplicate id '" + v.id + "'");
+    if (v.kind == "gpu") ++gpu_vertices;
+  }
+  if (gpus >= 0 && gpu_vertices != gpus)
+    problems.add(where + ": vertices: " + std::to_string(gpu_vertices) + " of kind \"gpu\", but gpus_per_node is " +
+                 std::to_string(gpus));
+
+  using Graph = boost::adjacency_list<boost::vecS, boost::vecS, boost::undirectedS>;
+  Graph graph(index.size());
+  for (size_t i = 0; i < t.links.size(); ++i) {
+    const auto& l = t.links[i];
+    const std::string w = where + ": links[" + std::to_string(i) + "]";
+    if (l.a.empty() || l.b.empty()) continue;  // already reported
+    auto a = index.find(l.a), b = index.find(l.b);
+    if (a == index.end()) problems.add(w + ": a: no vertex '" + l.a + "'");
+    if (b == index.end()) problems.add(w + ": b: no vertex '" + l.b + "'");
+    if (a == index.end() || b == index.end()) continue;
+    if (a == b) {
+      problems.add(w + ": links '" + l.a + "' to itself");
+      continue;
+    }
+    boost::add_edge(a->second, b->second, graph);
+  }
+  if (index.empty()) return;
+  std::vector<int> component(boost::num_vertices(graph));
+  int components = boost::connected_components(graph, component.data());
+  if (components > 1) {
+    // Name a vertex that the first vertex cannot reach, so the user knows which link is missing.
+    std::string first, unreachable;
+    for (const auto& [id, i] : index) {
+      if (i == 0) first = id;
+      if (component[i] != component[0] && unreachable.empty()) unreachable = id;
+    }
+    problems.add(where + ": links: the graph is not connected (" + std::to_string(components) +
+                 " parts; '" + unreachable + "' cannot reach '" + first + "')");
+  }
+}
+
+HardwareSpec parse(const nlohmann::json& j, const std::string& id, const std::string& where) {
+  if (!j.is_object()) fail_input(where + ": expected a JSON object");
+  Problems problems;
+  HardwareSpec hw;
+  hw.id = id;
+
+  problems.check([&] {
+    require_known_keys(j, {"name", "kind", "memory_bytes", "peak_flops", "hbm_bandwidth_bytes_per_s",
+                           "intra_node_link", "gpus_per_node", "inter_node_bandwidth_bytes_per_s",
+                           "pcie_host_bandwidth_bytes_per_s", "price_usd_per_gpu_hour",
+                           "matmul_efficiency", "comm_latency_s", "framework_overhead_bytes",
+                           "topology", "sources"},
+                       where);
+  });
+  problems.check([&] {
+    hw.name = read_string(j, "name", where);
+    if (hw.name.empty()) fail_input(where + ": name: empty");
+  });
+  problems.check([&] {
+    hw.kind = read_string(j, "kind", where);
+    if (hw.kind != "gpu" && hw.kind != "cpu")
+      fail_input(where + ": kind: '" + hw.kind + "' is not \"gpu\" or \"cpu\"");
+  });
+  problems.check([&] { hw.memory_bytes = read_int(j, "memory_bytes", where, kMiB, kTiB); });
+  problems.check([&] {
+    const std::string w = where + ": peak_flops";
+    if (!has_field(j, "peak_flops")) fail_input(w + ": missing");
+    const auto& pf = j.at("peak_flops");
+    require_known_keys(pf, {"fp32", "tf32", "bf16", "fp8"}, w);
+    Problems inner;  // each precision on its own, so one bad figure does not hide another
+    inner.check([&] { hw.peak_flops_fp32 = read_number(pf, "fp32", w, 1e6, kMaxFlops); });
+    inner.check([&] { hw.peak_flops_tf32 = read_number(pf, "tf32", w, 0.0, kMaxFlops); });
+    inner.check([&] { hw.peak_flops_bf16 = read_number(pf, "bf16", w, 1e6, kMaxFlops); });
+    inner.check([&] { hw.peak_flops_fp8 = read_number(pf, "fp8", w, 0.0, kMaxFlops); });
+    if (!inner.empty()) inner.throw_all();
+  });
+  problems.check([&] {
+    hw.hbm_bandwidth_bytes_per_s = read_number(j, "hbm_bandwidth_bytes_per_s", where, 1e8, kMaxBandwidthBytesPerS);
+  });
+  problems.check([&] {
+    const std::string w = where + ": intra_node_link";
+    if (!has_field(j, "intra_node_link")) fail_input(w + ": missing");
+    const auto& link = j.at("intra_node_link");
+    require_known_keys(link, {"type", "bandwidth_bytes_per_s"}, w);
+    hw.intra_node_link = read_string(link, "type", w);
+    hw.intra_node_bandwidth_bytes_per_s = read_number(link, "bandwidth_bytes_per_s", w, 1e6, kMaxBandwidthBytesPerS);
+  });
+  bool gpus_ok = false;
+  problems.check([&] {
+    hw.gpus_per_node = read_int(j, "gpus_per_node", where, 1, kMaxGpusPerNode);
+    gpus_ok = true;
+  });
+  problems.check([&] {
+    hw.inter_node_bandwidth_bytes_per_s =
+        read_number(j, "inter_node_bandwidth_bytes_per_s", where, 1e6, kMaxBandwidthBytesPerS);
+  });
+  problems.check([&] {
+    hw.pcie_host_bandwidth_bytes_per_s =
+        read_number(j, "pcie_host_bandwidth_bytes_per_s", where, 1e6, kMaxBandwidthBytesPerS);
+  });
+  problems.check([&] { hw.price_usd_per_gpu_hour = read_number(j, "price_usd_per_gpu_hour", where, 0.0, 1000.0); });
+  // An efficiency is a fraction of peak; below 1% it is surely a percentage typed as a fraction.
+  problems.check([&] { hw.matmul_efficiency = read_number(j, "matmul_efficiency", where, 0.01, 1.0); });
+  problems.check([&] { hw.comm_latency_s = read_number(j, "comm_latency_s", where, 0.0, 1.0); });
+  problems.check([&] {
+    hw.framework_overhead_bytes = read_int(j, "framework_overhead_bytes", where, 0, kTiB);
+    if (hw.memory_bytes > 0 && hw.framework_overhead_bytes >= hw.memory_bytes)
+      fail_input(where + ": framework_overhead_bytes: " + std::to_string(hw.framework_overhead_bytes) +
+                 " leaves nothing of memory_bytes " + std::to_string(hw.memory_bytes));
+  });
+
+  // Sources: one non-empty string per figure, no entries for figures that do not exist.
+  const bool has_topology = has_field(j, "topology");
+  problems.check([&] {
+    const std::string w = where + ": sources";
+    if (!has_field(j, "sources")) fail_input(w + ": missing");
+    const auto& s = j.at("sources");
+    if (!s.is_object()) fail_input(w + ": expected an object");
+    Problems inner;
+    for (auto it = s.begin(); it != s.end(); ++it) {
+      bool known = it.key() == "topology";
+      for (const char* f : kSourcedFigures) known = known || it.key() == f;
+      if (!known) inner.add(w + ": " + it.key() + ": unknown key (not a figure of this file)");
+      else if (!it->is_string() || it->get<std::string>().empty())
+        inner.add(w + ": " + it.key() + ": expected a non-empty string");
+      else hw.sources[it.key()] = it->get<std::string>();
+    }
+    for (const char* f : kSourcedFigures)
+      if (!s.contains(f)) inner.add(w + ": missing source for " + f);
+    if (has_topology && !s.contains("topology")) inner.add(w + ": missing source for topology");
+    if (!inner.empty()) inner.throw_all();
+  });
+
+  if (has_topology) {
+    Problems topology_problems;  // its own list: the graph checks need a well-formed topology
+    hw.topology = read_topology(j.at("topology"), where + ": topology", topology_problems);
+    if (topology_problems.empty())
+      check_topology(hw.topology, gpus_ok ? hw.gpus_per_node : -1, where + ": topology", topology_problems);
+    problems.append(topology_problems);
+  } else if (problems.empty()) {
+    hw.topology = star_topology(hw.gpus_per_node, hw.intra_node_bandwidth_bytes_per_s, hw.intra_node_link);
+  }
+
+  if (!problems.empty()) problems.throw_all();
+  return hw;
+}
+
+}  // namespace
+
+HardwareSpec hardware_spec_from_json(const nlohmann::json& j, const std::string& id) {
+  return parse(j, id, "hwdb/" + id + ".json");
+}
+
+HardwareSpec load_hardware(const std::string& id_or_path) {
+  namespace fs = std::filesystem;
+  const std::string path = resolve_data_file(id_or_path, "hwdb", "--gpu");
+  const std::string id = fs::path(path).stem().string();
+  // Shipped files are named as hwdb/<id>.json in messages; a user's file by the path they gave.
+  const bool shipped = fs::path(path).parent_path() == fs::path(data_dir()) / "hwdb";
+  return parse(read_json_file(path), id, shipped ? "hwdb/" + id + ".json" : path);
+}
+
+std::vector<std::string> list_hardware_ids() { return list_data_names("hwdb"); }
+
+}  // namespace ftplan

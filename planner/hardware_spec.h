@@ -1,0 +1,65 @@
+// Hardware spec: one GPU model and the machine it usually sits in, read from hwdb/<id>.json.
+// Every figure carries its source in the file's "sources" object; loading rejects unknown keys,
+// missing figures or sources, and negative or absurd values, naming the file and the field.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace ftplan {
+
+// One vertex of a node's topology graph.
+struct TopologyVertex {
+  std::string id;    // e.g. "gpu0", "nvswitch", "pcie-switch0", "cpu0", "nic0"
+  std::string kind;  // "gpu", "switch", "cpu", "nic"
+};
+
+// One full-duplex link; the bandwidth is achievable per direction.
+struct TopologyLink {
+  std::string a, b;                   // vertex ids
+  double bandwidth_bytes_per_s = 0;   // e.g. 2.4e11 for NVLink 3 through NVSwitch
+  std::string kind;                   // "nvlink4", "pcie4", "upi", ...
+};
+
+struct Topology {
+  std::vector<TopologyVertex> vertices;
+  std::vector<TopologyLink> links;
+};
+
+struct HardwareSpec {
+  std::string id;                          // file stem, e.g. "a100-80gb-sxm"
+  std::string name;                        // e.g. "NVIDIA A100 80GB SXM4"
+  std::string kind = "gpu";                // "gpu", or "cpu" for the host-only test device
+  int64_t memory_bytes = 0;                // device memory, e.g. 85899345920 (80 GiB)
+  double peak_flops_fp32 = 0;              // dense, FLOP/s
+  double peak_flops_tf32 = 0;              // dense, FLOP/s; 0 where the GPU has no TF32
+  double peak_flops_bf16 = 0;              // dense bf16/fp16 tensor-core FLOP/s
+  double peak_flops_fp8 = 0;               // dense; 0 where the GPU has no FP8
+  double hbm_bandwidth_bytes_per_s = 0;    // e.g. 2.039e12
+  std::string intra_node_link;             // e.g. "nvlink3-nvswitch", "pcie4"
+  double intra_node_bandwidth_bytes_per_s = 0;  // achievable per GPU, per direction
+  int64_t gpus_per_node = 1;               // e.g. 8
+  double inter_node_bandwidth_bytes_per_s = 0;  // per GPU, per direction
+  double pcie_host_bandwidth_bytes_per_s = 0;   // host<->device copies (offload)
+  double price_usd_per_gpu_hour = 0;       // indicative on-demand rental
+  double matmul_efficiency = 0;            // achieved / peak bf16 for training, e.g. 0.45
+  double comm_latency_s = 0;               // per collective step (alpha), e.g. 1e-5
+  int64_t framework_overhead_bytes = 0;    // CUDA context + cuBLAS workspace + allocator slack
+  Topology topology;                       // one node; derived as a star when the file has none
+  std::map<std::string, std::string> sources;  // figure name -> where it comes from
+};
+
+// Parses and validates one hwdb file's JSON; `id` is the file stem used in messages.
+HardwareSpec hardware_spec_from_json(const nlohmann::json& j, const std::string& id);
+
+// Loads hwdb/<id>.json (or a path); throws InputError naming the file and the field.
+HardwareSpec load_hardware(const std::string& id_or_path);
+
+// The ids of every shipped GPU, sorted.
+std::vector<std::string> list_hardware_ids();
+
+}  // namespace ftplan

@@ -1,0 +1,119 @@
+#include "planner/memory_report.h"
+
+#include <iomanip>
+#include <sstream>
+
+#include "planner/format.h"
+
+namespace ftplan {
+
+Candidate candidate_from_setup(const TrainingSetup& s, Strategy strategy) {
+  return {strategy, s.micro_batch.value_or(1), s.checkpointing.value_or(Checkpointing::none),
+          s.attention.value_or(Attention::fused)};
+}
+
+MemoryReport build_memory_report(const ModelSpec& model, const HardwareSpec& hw, const TrainingSetup& setup) {
+  MemoryReport r{model, hw, setup, trainable_params(model, setup), candidate_from_setup(setup, Strategy::single),
+                 {}, memory_assumptions(model, hw, setup)};
+  std::vector<Strategy> strategies = applicable_strategies(model, hw, setup);
+  if (setup.strategy) strategies = {*setup.strategy};
+  for (Strategy s : strategies) {
+    Candidate c = candidate_from_setup(setup, s);
+    MemoryReportRow row{estimate_memory(model, hw, setup, c), max_micro_batch(model, hw, setup, c),
+                        min_gpus(model, hw, setup, c, 1024)};
+    r.rows.push_back(row);
+  }
+  return r;
+}
+
+nlohmann::json memory_breakdown_json(const MemoryBreakdown& m) {
+  return {{"weights", m.weights},         {"gradients", m.gradients}, {"optimizer", m.optimizer},
+          {"activations", m.activations}, {"logits_loss", m.logits_loss}, {"temporary", m.temporary},
+          {"overhead", m.overhead},       {"total", m.total}};
+}
+
+nlohmann::json model_json(const ModelSpec& model, const TrainableParams& p) {
+  const ParamCounts counts = count_params(model);
+  return {{"name", model.name},
+          {"model_type", model.model_type},
+          {"params_total", p.total},
+          {"params_trainable", p.trainable},
+          {"params_frozen", p.frozen},
+          {"params_quantized", p.quantized},
+          {"params_per_layer", counts.per_layer},
+          {"params_embedding", counts.embedding},
+          {"params_lm_head", counts.lm_head},
+          {"num_layers", model.num_layers},
+          {"hidden_size", model.hidden_size},
+          {"vocab_size", model.vocab_size}};
+}
+
+nlohmann::json memory_report_json(const MemoryReport& r) {
+  nlohmann::json j;
+  j["model"] = model_json(r.model, r.params);
+  j["gpu"] = {{"id", r.hardware.id}, {"name", r.hardware.name}, {"memory_bytes", r.hardware.memory_bytes}};
+  j["gpus"] = r.setup.num_gpus;
+  j["method"] = to_string(r.setup.method);
+  j["precision"] = to_string(r.setup.precision);
+  j["optimizer"] = to_string(r.setup.optimizer);
+  j["seq_len"] = r.setup.seq_len;
+  j["micro_batch"] = r.candidate.micro_batch;
+  j["checkpointing"] = to_string(r.candidate.checkpointing);
+  j["attention"] = to_string(r.candidate.attention);
+  j["strategies"] = nlohmann::json::array();
+  for (const auto& row : r.rows) {
+    const auto& e = row.estimate;
+    j["strategies"].push_back({{"name", to_string(e.strategy)},
+                               {"gpus_used", e.gpus_used},
+                               {"memory_per_gpu_bytes", memory_breakdown_json(e.per_gpu)},
+                               {"host_memory_per_gpu_bytes", e.per_gpu.host},
+                               {"usable_bytes", e.usable_bytes},
+                               {"fits", e.fits},
+                               {"reason", e.reason},
+                               {"max_micro_batch", row.max_micro_batch},
+                               {"min_gpus", row.min_gpus}});
+  }
+  j["assumptions"] = r.assumptions;
+  return j;
+}
+
+std::string memory_report_table(const MemoryReport& r) {
+  std::ostringstream out;
+  out << r.model.name << " (" << format_count(r.params.total) << " params, " << format_count(r.params.trainable)
+      << " trainable), " << to_string(r.setup.method) << ", " << r.setup.num_gpus << "x " << r.hardware.name
+      << ", seq " << r.setup.seq_len << ", micro-batch " << r.candidate.micro_batch << ", checkpointing "
+      << to_string(r.candidate.checkpointing) << ", " << to_string(r.candidate.attention) << " attention\n";
+  out << "memory per GPU, GiB (2^30 bytes)\n\n";
+  const int label_w = 17, col_w = 12;
+  auto cell = [&](const std::string& s) { out << std::setw(col_w) << s; };
+  out << std::left << std::setw(label_w) << "" << std::right;
+  for (const auto& row : r.rows) cell(to_string(row.estimate.strategy).substr(0, col_w - 1));
+  out << "\n";
+  auto gib = [](int64_t b) { return format_fixed(b / double(1LL << 30), 2); };
+  using Field = int64_t MemoryBreakdown::*;
+  const std::pair<const char*, Field> lines[] = {
+      {"weights", &MemoryBreakdown::weights},         {"gradients", &MemoryBreakdown::gradients},
+      {"optimizer", &MemoryBreakdown::optimizer},     {"activations", &MemoryBreakdown::activations},
+      {"logits+loss", &MemoryBreakdown::logits_loss}, {"temporary", &MemoryBreakdown::temporary},
+      {"overhead", &MemoryBreakdown::overhead},       {"total", &MemoryBreakdown::total},
+      {"host (offload)", &MemoryBreakdown::host}};
+  for (const auto& [label, field] : lines) {
+    out << std::left << std::setw(label_w) << label << std::right;
+    for (const auto& row : r.rows) cell(gib(row.estimate.per_gpu.*field));
+    out << "\n";
+  }
+  out << std::left << std::setw(label_w) << "fits" << std::right;
+  for (const auto& row : r.rows) cell(row.estimate.fits ? "yes" : "NO");
+  out << "\n" << std::left << std::setw(label_w) << "max micro-batch" << std::right;
+  for (const auto& row : r.rows) cell(std::to_string(row.max_micro_batch));
+  out << "\n" << std::left << std::setw(label_w) << "min GPUs" << std::right;
+  for (const auto& row : r.rows) cell(row.min_gpus ? std::to_string(row.min_gpus) : "-");
+  out << "\n\n";
+  for (const auto& row : r.rows)
+    if (!row.estimate.fits) out << to_string(row.estimate.strategy) << ": " << row.estimate.reason << "\n";
+  out << "assumptions:\n";
+  for (const auto& line : r.assumptions) out << "  - " << line << "\n";
+  return out.str();
+}
+
+}  // namespace ftplan

@@ -1,0 +1,39 @@
+// `ftplan memory`'s report: computed once, printed as a table or JSON.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "planner/memory_model.h"
+
+namespace ftplan {
+
+struct MemoryReportRow {
+  MemoryEstimate estimate;
+  int64_t max_micro_batch = 0;  // largest micro-batch that fits with this strategy
+  int64_t min_gpus = 0;         // fewest GPUs that fit (0: none up to 4096)
+};
+
+struct MemoryReport {
+  ModelSpec model;
+  HardwareSpec hardware;
+  TrainingSetup setup;
+  TrainableParams params;
+  Candidate candidate;  // micro-batch, checkpointing and attention the rows use
+  std::vector<MemoryReportRow> rows;
+  std::vector<std::string> assumptions;
+};
+
+// The candidate the user's setup names (defaults: micro-batch 1, no checkpointing, fused attention).
+Candidate candidate_from_setup(const TrainingSetup& setup, Strategy strategy);
+
+MemoryReport build_memory_report(const ModelSpec& model, const HardwareSpec& hw, const TrainingSetup& setup);
+
+nlohmann::json memory_breakdown_json(const MemoryBreakdown& m);
+nlohmann::json model_json(const ModelSpec& model, const TrainableParams& params);
+nlohmann::json memory_report_json(const MemoryReport& report);
+std::string memory_report_table(const MemoryReport& report);
+
+}  // namespace ftplan

@@ -1,0 +1,179 @@
+#include "planner/plan_report.h"
+
+#include <iomanip>
+#include <sstream>
+
+#include "planner/format.h"
+
+namespace ftplan {
+namespace {
+
+nlohmann::json job_value(bool has_job, double value) { return has_job ? nlohmann::json(value) : nlohmann::json(nullptr); }
+
+}  // namespace
+
+nlohmann::json ranked_candidate_json(const RankedCandidate& c) {
+  return {{"name", to_string(c.candidate.strategy)},
+          {"micro_batch", c.candidate.micro_batch},
+          {"checkpointing", to_string(c.candidate.checkpointing)},
+          {"attention", to_string(c.candidate.attention)},
+          {"gpus_used", c.gpus_used},
+          {"fits", c.memory.fits},
+          {"memory_per_gpu_bytes", memory_breakdown_json(c.memory.per_gpu)},
+          {"host_memory_per_gpu_bytes", c.memory.per_gpu.host},
+          {"step_time_s", c.step.step_time_s},
+          {"compute_s", c.step.compute_s},
+          {"exposed_comm_s", c.step.exposed_comm_s},
+          {"comm_s", c.step.comm_s},
+          {"bubble_fraction", c.step.bubble_fraction},
+          {"optimizer_s", c.step.optimizer_s},
+          {"tokens_per_step", c.step.tokens_per_step},
+          {"tokens_per_s", c.step.tokens_per_s},
+          {"mfu", c.step.mfu},
+          {"comm_bytes_per_step", c.step.comm_bytes_per_step},
+          {"job_time_s", job_value(c.has_job, c.job_time_s)},
+          {"gpu_hours", job_value(c.has_job, c.gpu_hours)},
+          {"cost_usd", job_value(c.has_job, c.cost_usd)},
+          {"cost_usd_per_million_tokens", c.cost_usd_per_million_tokens}};
+}
+
+std::vector<std::string> step_assumptions(const PlanContext& ctx, const TrainingSetup& setup) {
+  const HardwareSpec& hw = *ctx.memory.hw;
+  std::vector<std::string> lines;
+  std::ostringstream eff;
+  eff << "compute: " << format_fixed(ctx.peak_flops / 1e12, 1) << " TFLOP/s peak ("
+      << (setup.precision == Precision::fp32 ? "fp32" : "bf16") << ") x efficiency "
+      << format_fixed(ctx.efficiency, 2) << (setup.efficiency ? " (--efficiency)" : " (hwdb matmul_efficiency)")
+      << "; FLOPs: 2/weight/token forward, backward 2x (trained) or 1x (frozen), attention 4*S*q_dim per layer";
+  lines.push_back(eff.str());
+  std::ostringstream net;
+  net << "network: " << ctx.net.nodes << " node(s) x " << ctx.net.gpus_per_node << " GPU(s); ring "
+      << format_fixed(ctx.net.intra_bandwidth_bytes_per_s / 1e9, 1) << " GB/s per GPU";
+  if (!ctx.net.intra_bottleneck.empty()) net << " (bottleneck " << ctx.net.intra_bottleneck << ")";
+  if (ctx.net.nodes > 1) net << ", inter-node " << format_fixed(ctx.net.inter_bandwidth_bytes_per_s / 1e9, 1) << " GB/s per GPU";
+  net << ", latency " << hw.comm_latency_s * 1e6 << " us per ring step";
+  lines.push_back(net.str());
+  lines.push_back("overlap: DDP and ZeRO-1/2 gradient reduction hides behind backward except the last 25 MiB "
+                  "bucket; ZeRO-3/FSDP gathers prefetch behind compute except the first layer's; ZeRO parameter "
+                  "all-gather after the optimizer and pipeline sends are exposed");
+  lines.push_back("gradient accumulation: DDP and ZeRO-1 reduce once per optimizer step, ZeRO-2/3 and FSDP every micro-batch");
+  std::ostringstream price;
+  price << "price: " << format_fixed(hw.price_usd_per_gpu_hour, 2) << " USD per GPU-hour (" << hw.id << ", indicative)";
+  lines.push_back(price.str());
+  const int64_t tokens = job_tokens(setup);
+  if (tokens > 0)
+    lines.push_back("job: " + format_count(tokens) + " tokens (" +
+                    (setup.dataset.tokens ? std::string("dataset tokens") :
+                     format_count(setup.dataset.rows) + " rows x " +
+                         format_count(setup.dataset.mean_tokens_per_row ? setup.dataset.mean_tokens_per_row : setup.seq_len) +
+                         " tokens") +
+                    " x " + std::to_string(setup.epochs) + " epoch(s))");
+  else
+    lines.push_back("job: no dataset given (--dataset-rows or --dataset-tokens): ranked by tokens/s, no job time or cost");
+  return lines;
+}
+
+nlohmann::json plan_report_json(const ModelSpec& model, const HardwareSpec& hw, const TrainingSetup& setup,
+                                const PlanResult& plan) {
+  const TrainableParams params = trainable_params(model, setup);
+  nlohmann::json j;
+  j["model"] = model_json(model, params);
+  j["gpu"] = {{"id", hw.id}, {"name", hw.name}, {"memory_bytes", hw.memory_bytes},
+              {"price_usd_per_gpu_hour", hw.price_usd_per_gpu_hour}};
+  j["gpus"] = setup.num_gpus;
+  j["method"] = to_string(setup.method);
+  j["objective"] = to_string(plan.objective);
+  j["job_tokens"] = job_tokens(setup);
+  j["strategies"] = nlohmann::json::array();
+  for (const auto& o : plan.strategies) {
+    nlohmann::json s = ranked_candidate_json(o.best);
+    s["fits"] = o.feasible;
+    s["reason"] = o.feasible ? "" : o.best.memory.reason;
+    s["verdict"] = o.verdict;
+    j["strategies"].push_back(s);
+  }
+  j["candidates"] = nlohmann::json::array();
+  for (const auto& c : plan.candidates) j["candidates"].push_back(ranked_candidate_json(c));
+  j["evaluated"] = plan.evaluated;
+  if (plan.recommended)
+    j["recommended"] = {{"strategy", to_string(plan.recommended->candidate.strategy)},
+                        {"micro_batch", plan.recommended->candidate.micro_batch},
+                        {"checkpointing", to_string(plan.recommended->candidate.checkpointing)},
+                        {"reason", plan.reason}};
+  else
+    j["recommended"] = {{"strategy", nullptr}, {"reason", plan.reason}};
+  j["rule_of_thumb"] = plan.rule_of_thumb;
+  auto assumptions = memory_assumptions(model, hw, setup);
+  for (auto& line : step_assumptions(prepare_plan(model, hw, setup, setup.num_gpus), setup)) assumptions.push_back(line);
+  j["assumptions"] = assumptions;
+  return j;
+}
+
+std::string plan_report_table(const ModelSpec& model, const HardwareSpec& hw, const TrainingSetup& setup,
+                              const PlanResult& plan) {
+  const TrainableParams params = trainable_params(model, setup);
+  std::ostringstream out;
+  out << model.name << " (" << format_count(params.total) << " params, " << format_count(params.trainable)
+      << " trainable), " << to_string(setup.method) << ", " << setup.num_gpus << "x " << hw.name << ", seq "
+      << setup.seq_len << ", grad-accum " << setup.grad_accum << ", objective " << to_string(plan.objective) << "\n\n";
+  out << std::left << std::setw(20) << "strategy" << std::right << std::setw(4) << "mb" << std::setw(6) << "ckpt"
+      << std::setw(11) << "mem GiB" << std::setw(10) << "step s" << std::setw(11) << "tokens/s" << std::setw(7)
+      << "MFU" << std::setw(11) << "comm GB" << std::setw(18) << "job time" << std::setw(11) << "cost $" << "\n";
+  for (const auto& o : plan.strategies) {
+    const RankedCandidate& c = o.best;
+    out << std::left << std::setw(20) << to_string(o.strategy) << std::right << std::setw(4) << c.candidate.micro_batch
+        << std::setw(6) << to_string(c.candidate.checkpointing) << std::setw(11)
+        << format_fixed(c.memory.per_gpu.total / double(1LL << 30), 2);
+    if (o.feasible) {
+      out << std::setw(10) << format_fixed(c.step.step_time_s, 3) << std::setw(11) << format_fixed(c.step.tokens_per_s, 0)
+          << std::setw(7) << format_fixed(c.step.mfu * 100, 1) + "%" << std::setw(11)
+          << format_fixed(c.step.comm_bytes_per_step / 1e9, 3) << std::setw(18)
+          << (c.has_job ? format_duration(c.job_time_s) : "-") << std::setw(11)
+          << (c.has_job ? format_fixed(c.cost_usd, 2) : "-");
+    } else {
+      out << std::setw(10) << "OOM";
+    }
+    out << "\n";
+  }
+  out << "\n";
+  if (plan.recommended) {
+    const RankedCandidate& w = *plan.recommended;
+    out << "recommended: " << to_string(w.candidate.strategy) << " on " << w.gpus_used << " GPU(s), micro-batch "
+        << w.candidate.micro_batch << ", checkpointing " << to_string(w.candidate.checkpointing) << ": "
+        << format_fixed(w.step.step_time_s, 3) << " s/step, " << format_fixed(w.step.tokens_per_s, 0) << " tokens/s";
+    if (w.has_job) out << ", job " << format_duration(w.job_time_s) << ", " << format_fixed(w.cost_usd, 2) << " USD";
+    out << "\n";
+  }
+  out << "why: " << plan.reason << "\n";
+  for (const auto& o : plan.strategies)
+    if (o.verdict != "recommended") out << "  " << to_string(o.strategy) << ": " << o.verdict << "\n";
+  out << plan.rule_of_thumb << "\n\nassumptions:\n";
+  for (const auto& line : memory_assumptions(model, hw, setup)) out << "  - " << line << "\n";
+  for (const auto& line : step_assumptions(prepare_plan(model, hw, setup, setup.num_gpus), setup))
+    out << "  - " << line << "\n";
+  return out.str();
+}
+
+nlohmann::json plan_file_json(const ModelSpec& model, const HardwareSpec& hw, const TrainingSetup& setup,
+                              const RankedCandidate& chosen) {
+  TrainingSetup job = setup;
+  job.strategy = chosen.candidate.strategy;
+  job.micro_batch = chosen.candidate.micro_batch;
+  job.checkpointing = chosen.candidate.checkpointing;
+  job.attention = chosen.candidate.attention;
+  nlohmann::json predicted = ranked_candidate_json(chosen);
+  nlohmann::json j;
+  j["format"] = "ftplan-plan/1";
+  j["job"] = training_setup_to_json(job);
+  j["candidate"] = {{"strategy", to_string(chosen.candidate.strategy)},
+                    {"micro_batch", chosen.candidate.micro_batch},
+                    {"checkpointing", to_string(chosen.candidate.checkpointing)},
+                    {"attention", to_string(chosen.candidate.attention)},
+                    {"gpus", chosen.gpus_used}};
+  j["predicted"] = predicted;
+  j["model"] = model_json(model, trainable_params(model, setup));
+  j["gpu"] = {{"id", hw.id}, {"memory_bytes", hw.memory_bytes}};
+  return j;
+}
+
+}  // namespace ftplan

@@ -1,0 +1,273 @@
+#include "planner/plan_search.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <limits>
+#include <sstream>
+
+#include "planner/errors.h"
+#include "planner/format.h"
+
+namespace ftplan {
+namespace {
+
+bool is_sharded(Strategy s) {
+  return s == Strategy::zero3 || s == Strategy::fsdp || s == Strategy::fsdp_hybrid || s == Strategy::zero3_offload;
+}
+
+// Simpler strategies first: among plans within kTieFraction of each other the simpler one wins
+// (fewer moving parts, fewer ways to fail).
+constexpr double kTieFraction = 0.005;
+int complexity(Strategy s) {
+  switch (s) {
+    case Strategy::single: return 0;
+    case Strategy::ddp: return 1;
+    case Strategy::zero1: return 2;
+    case Strategy::zero2: return 3;
+    case Strategy::fsdp: return 4;
+    case Strategy::zero3: return 5;
+    case Strategy::fsdp_shard_grad_op: return 6;
+    case Strategy::fsdp_hybrid: return 7;
+    case Strategy::pipeline_1f1b: return 8;
+    case Strategy::pipeline_gpipe: return 9;
+    case Strategy::mp: return 10;
+    case Strategy::zero2_offload: return 11;
+    case Strategy::zero3_offload: return 12;
+  }
+  return 13;
+}
+
+bool ties(double a, double b) { return std::fabs(a - b) <= kTieFraction * std::min(a, b); }
+
+std::string ratio(double x) { return format_fixed(x, x < 10 ? 2 : 1) + "x"; }
+
+// Seconds per million tokens spent in each part of the step: the basis of every explanation.
+struct PerToken {
+  double compute, comm, bubble, optimizer;
+};
+PerToken per_million_tokens(const RankedCandidate& c) {
+  const double k = 1e6 / c.step.tokens_per_step;
+  const bool pipelined = c.candidate.strategy == Strategy::pipeline_gpipe || c.candidate.strategy == Strategy::pipeline_1f1b;
+  return {c.step.compute_s * k, c.step.exposed_comm_s * k, pipelined ? c.step.bubble_s * k : 0, c.step.optimizer_s * k};
+}
+
+// Why `loser` is slower (or dearer) than `winner`, in one clause naming the largest difference.
+std::string explain_difference(const RankedCandidate& winner, const RankedCandidate& loser, int64_t job_gpus) {
+  const PerToken w = per_million_tokens(winner), l = per_million_tokens(loser);
+  const std::array<std::pair<double, const char*>, 4> parts{{{l.compute - w.compute, "compute"},
+                                                             {l.comm - w.comm, "exposed communication"},
+                                                             {l.bubble - w.bubble, "pipeline bubble"},
+                                                             {l.optimizer - w.optimizer, "optimizer step"}}};
+  auto biggest = *std::max_element(parts.begin(), parts.end(),
+                                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::ostringstream s;
+  const Strategy ls = loser.candidate.strategy;
+  if (std::string(biggest.second) == "compute") {
+    if (ls == Strategy::mp)
+      s << "naive model parallel keeps one GPU busy at a time";
+    else if (ls == Strategy::single && job_gpus > 1)
+      s << "it uses 1 of the " << job_gpus << " GPUs";
+    else if (loser.candidate.checkpointing == Checkpointing::full && winner.candidate.checkpointing == Checkpointing::none)
+      s << "full checkpointing recomputes the forward pass";
+    else
+      s << "more compute per token (micro-batch " << loser.candidate.micro_batch << " vs " << winner.candidate.micro_batch << ")";
+  } else if (std::string(biggest.second) == "exposed communication") {
+    s << "communication it cannot hide: " << format_fixed(l.comm, 2) << " s vs " << format_fixed(w.comm, 2)
+      << " s per million tokens";
+    if (is_sharded(ls)) s << " (parameters all-gathered twice per micro-batch)";
+    if (ls == Strategy::zero2_offload || ls == Strategy::zero3_offload) s << " (host copies over PCIe)";
+  } else if (std::string(biggest.second) == "pipeline bubble") {
+    s << "the pipeline bubble idles " << format_fixed(loser.step.bubble_fraction * 100, 0) << "% of each GPU";
+  } else {
+    s << "the optimizer step takes " << format_fixed(l.optimizer, 2) << " s vs " << format_fixed(w.optimizer, 2)
+      << " s per million tokens";
+    if (ls == Strategy::zero2_offload || ls == Strategy::zero3_offload) s << " (Adam on the CPU)";
+  }
+  return s.str();
+}
+
+std::string describe(const RankedCandidate& c) {
+  std::ostringstream s;
+  s << to_string(c.candidate.strategy) << " (micro-batch " << c.candidate.micro_batch << ", checkpointing "
+    << to_string(c.candidate.checkpointing) << ")";
+  return s.str();
+}
+
+}  // namespace
+
+Objective parse_objective(const std::string& s, const std::string& field) {
+  if (s == "time") return Objective::time;
+  if (s == "cost") return Objective::cost;
+  fail_input(field + ": '" + s + "' is not one of time, cost");
+}
+
+std::string to_string(Objective o) { return o == Objective::time ? "time" : "cost"; }
+
+SearchSpace search_space(const ModelSpec& model, const HardwareSpec& hw, const TrainingSetup& setup) {
+  SearchSpace space;
+  space.strategies = setup.strategy ? std::vector<Strategy>{*setup.strategy} : applicable_strategies(model, hw, setup);
+  if (setup.micro_batch) {
+    space.micro_batches = {*setup.micro_batch};
+  } else {
+    for (int64_t b = 1; b <= 64; b *= 2) space.micro_batches.push_back(b);
+  }
+  space.checkpointing = setup.checkpointing ? std::vector<Checkpointing>{*setup.checkpointing}
+                                            : std::vector<Checkpointing>{Checkpointing::none, Checkpointing::full};
+  space.attention = {setup.attention.value_or(Attention::fused)};
+  return space;
+}
+
+RankedCandidate evaluate_candidate(const PlanContext& ctx, const Candidate& c, Objective objective, bool explain) {
+  const TrainingSetup& setup = *ctx.memory.setup;
+  const HardwareSpec& hw = *ctx.memory.hw;
+  RankedCandidate r;
+  r.candidate = c;
+  r.memory = estimate_memory(ctx.memory, c, ctx.num_gpus, explain);
+  r.step = estimate_step(ctx, c);
+  r.gpus_used = r.memory.gpus_used;
+  const double usd_per_s = r.gpus_used * hw.price_usd_per_gpu_hour / 3600.0;
+  r.cost_usd_per_million_tokens = 1e6 / r.step.tokens_per_s * usd_per_s;
+  const double tokens = static_cast<double>(job_tokens(setup));
+  r.has_job = tokens > 0;
+  if (r.has_job) {
+    // Whole optimizer steps: the last partial step still runs.
+    const double steps = std::ceil(tokens / r.step.tokens_per_step);
+    r.job_time_s = steps * r.step.step_time_s;
+    r.gpu_hours = r.job_time_s * r.gpus_used / 3600.0;
+    r.cost_usd = r.job_time_s * usd_per_s;
+  }
+  const double seconds_per_token = 1.0 / r.step.tokens_per_s;
+  r.score = objective == Objective::time ? (r.has_job ? r.job_time_s : seconds_per_token)
+                                         : (r.has_job ? r.cost_usd : r.cost_usd_per_million_tokens);
+  return r;
+}
+
+PlanResult plan_job(const ModelSpec& model, const HardwareSpec& hw, const TrainingSetup& setup, Objective objective,
+                    const StepOptions& options) {
+  (void)options;
+  PlanResult result;
+  result.objective = objective;
+  const PlanContext ctx = prepare_plan(model, hw, setup, setup.num_gpus);
+  const SearchSpace space = search_space(model, hw, setup);
+  auto better = [](const RankedCandidate& a, const RankedCandidate& b) { return a.score < b.score; };
+  auto ranked_before = [](const RankedCandidate& a, const RankedCandidate& b) {
+    if (ties(a.score, b.score) && a.candidate.strategy != b.candidate.strategy)
+      return complexity(a.candidate.strategy) < complexity(b.candidate.strategy);
+    return a.score < b.score;
+  };
+
+  for (Strategy strategy : space.strategies) {
+    StrategyOutcome outcome;
+    outcome.strategy = strategy;
+    bool have_smallest = false;
+    for (Checkpointing ck : space.checkpointing)
+      for (Attention at : space.attention)
+        for (int64_t b : space.micro_batches) {
+          RankedCandidate r = evaluate_candidate(ctx, {strategy, b, ck, at}, objective);
+          ++result.evaluated;
+          if (r.memory.fits) {
+            result.candidates.push_back(r);
+            if (!outcome.feasible || better(r, outcome.best)) outcome.best = r;
+            outcome.feasible = true;
+          } else if (!outcome.feasible && (!have_smallest || r.memory.per_gpu.total < outcome.best.memory.per_gpu.total)) {
+            outcome.best = r;
+            have_smallest = true;
+          }
+        }
+    // Re-evaluate the kept candidate with its explanation.
+    outcome.best = evaluate_candidate(ctx, outcome.best.candidate, objective, true);
+    result.strategies.push_back(outcome);
+  }
+  std::stable_sort(result.candidates.begin(), result.candidates.end(), better);
+  // Near-ties go to the simpler strategy: bubble each one forward past tied, more complex plans.
+  for (size_t i = 1; i < result.candidates.size(); ++i)
+    for (size_t k = i; k > 0 && ranked_before(result.candidates[k], result.candidates[k - 1]); --k)
+      std::swap(result.candidates[k], result.candidates[k - 1]);
+
+  const int64_t N = setup.num_gpus;
+  // The seeds' rules of thumb: fits one GPU -> DDP (one GPU -> single); else FSDP/ZeRO-3; naive MP
+  // always runs, slowly.
+  bool fits_one = false;
+  for (const auto& o : result.strategies)
+    if (o.strategy == Strategy::single && o.feasible) fits_one = true;
+  if (!fits_one && setup.num_gpus > 1 && !setup.strategy) {
+    TrainingSetup one = setup;
+    one.num_gpus = 1;
+    const PlanContext ctx1 = prepare_plan(model, hw, one, 1);
+    for (Checkpointing ck : {Checkpointing::none, Checkpointing::full})
+      fits_one = fits_one || estimate_memory(ctx1.memory, {Strategy::single, 1, ck, space.attention[0]}, 1, false).fits;
+  }
+
+  if (result.candidates.empty()) {
+    result.reason = "no strategy fits: every candidate runs out of memory (smallest needs shown per strategy)";
+  } else {
+    result.recommended = result.candidates.front();
+    const RankedCandidate& win = *result.recommended;
+    const RankedCandidate* runner = nullptr;
+    for (const auto& c : result.candidates)
+      if (c.candidate.strategy != win.candidate.strategy) {
+        runner = &c;
+        break;
+      }
+    std::ostringstream why;
+    why << describe(win) << " is the " << (objective == Objective::time ? "fastest" : "cheapest") << " plan";
+    if (runner && ties(runner->score, win.score))
+      why << "; it ties with " << describe(*runner) << " (within " << format_fixed(kTieFraction * 100, 1)
+          << "%), and the simpler strategy is preferred";
+    else if (runner)
+      why << "; it beats " << describe(*runner) << " by " << ratio(runner->score / win.score) << " because "
+          << explain_difference(win, *runner, N);
+    else
+      why << "; it is the only strategy that fits";
+    result.reason = why.str();
+  }
+  for (auto& o : result.strategies) {
+    if (!o.feasible) {
+      o.verdict = o.best.memory.reason + " (at micro-batch " + std::to_string(o.best.candidate.micro_batch) +
+                  ", checkpointing " + to_string(o.best.candidate.checkpointing) + ")";
+    } else if (result.recommended && o.strategy == result.recommended->candidate.strategy) {
+      o.verdict = "recommended";
+    } else if (result.recommended && ties(o.best.score, result.recommended->score)) {
+      o.verdict = "ties with " + to_string(result.recommended->candidate.strategy) + " (within " +
+                  format_fixed(kTieFraction * 100, 1) + "%); the simpler strategy is preferred";
+    } else if (result.recommended) {
+      o.verdict = ratio(o.best.score / result.recommended->score) + (objective == Objective::time ? " slower: " : " dearer: ") +
+                  explain_difference(*result.recommended, o.best, N);
+    }
+  }
+
+  std::string rule, rule_name;
+  if (N <= 1) {
+    rule_name = fits_one ? "single" : "zero3_offload";
+    rule = fits_one ? "fits one GPU: train on it" : "does not fit one GPU: offload or rent more GPUs";
+  } else {
+    rule_name = fits_one ? "ddp" : "fsdp";
+    rule = fits_one ? "fits one GPU -> DDP" : "does not fit one GPU -> FSDP/ZeRO-3";
+  }
+  std::ostringstream r;
+  r << "seeds' rule of thumb: " << rule << "; naive MP always runs but slowly. ";
+  if (!result.recommended) {
+    r << "Here nothing fits at all.";
+  } else {
+    const Strategy w = result.recommended->candidate.strategy;
+    const bool agrees = to_string(w) == rule_name || (rule_name == "fsdp" && is_sharded(w));
+    if (agrees) {
+      r << "The numbers agree (" << to_string(w) << ").";
+    } else {
+      const StrategyOutcome* ruled = nullptr;
+      for (const auto& o : result.strategies)
+        if (to_string(o.strategy) == rule_name) ruled = &o;
+      r << "The numbers disagree: " << to_string(w) << " wins";
+      if (ruled && ruled->feasible)
+        r << "; " << rule_name << " is " << ruled->verdict;
+      else if (ruled)
+        r << "; " << rule_name << ": " << ruled->verdict;
+      r << ".";
+    }
+  }
+  result.rule_of_thumb = r.str();
+  return result;
+}
+
+}  // namespace ftplan

@@ -1,0 +1,64 @@
+// The choice: every feasible (strategy, micro-batch, checkpointing) candidate of a job, ranked by
+// time or by cost, with one line on why the winner beats the runner-up and one line on why each
+// other strategy lost.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "planner/step_time.h"
+
+namespace ftplan {
+
+enum class Objective { time, cost };
+Objective parse_objective(const std::string& s, const std::string& field);
+std::string to_string(Objective o);
+
+struct RankedCandidate {
+  Candidate candidate;
+  MemoryEstimate memory;
+  StepEstimate step;
+  int64_t gpus_used = 1;
+  bool has_job = false;     // a dataset was given: job time and cost are known
+  double job_time_s = 0;    // whole job: dataset tokens × epochs / tokens_per_s
+  double gpu_hours = 0;
+  double cost_usd = 0;
+  double cost_usd_per_million_tokens = 0;
+  double score = 0;         // what the objective minimises
+};
+
+struct StrategyOutcome {
+  Strategy strategy = Strategy::single;
+  bool feasible = false;
+  RankedCandidate best;     // the fastest/cheapest feasible candidate, or the smallest infeasible one
+  std::string verdict;      // "recommended", "out of memory by ...", "1.9x slower: ..."
+};
+
+struct PlanResult {
+  Objective objective = Objective::time;
+  std::vector<RankedCandidate> candidates;  // feasible, best first
+  std::vector<StrategyOutcome> strategies;  // one per strategy considered
+  std::optional<RankedCandidate> recommended;
+  std::string reason;         // why the winner beats the runner-up
+  std::string rule_of_thumb;  // the seeds' rules, and whether the numbers agree
+  int64_t evaluated = 0;      // candidates evaluated
+};
+
+struct SearchSpace {
+  std::vector<Strategy> strategies;
+  std::vector<int64_t> micro_batches;
+  std::vector<Checkpointing> checkpointing;
+  std::vector<Attention> attention;
+};
+// What the user fixed stays fixed; the rest is searched (micro-batches 1, 2, 4, ... 64).
+SearchSpace search_space(const ModelSpec& model, const HardwareSpec& hw, const TrainingSetup& setup);
+
+// Evaluates one candidate (memory and step time, job time and cost): the search's inner loop.
+RankedCandidate evaluate_candidate(const PlanContext& context, const Candidate& candidate, Objective objective,
+                                   bool explain = false);
+
+PlanResult plan_job(const ModelSpec& model, const HardwareSpec& hw, const TrainingSetup& setup,
+                    Objective objective, const StepOptions& options = {});
+
+}  // namespace ftplan

@@ -1,0 +1,28 @@
+#include "planner/precision.h"
+
+namespace ftplan {
+
+ParamBytes trainable_param_bytes(Precision precision, Optimizer optimizer) {
+  // Optimizer moments: AdamW keeps two, SGD with momentum one; 8-bit AdamW one byte per moment.
+  auto moments = [&](double bytes_per_moment) {
+    switch (optimizer) {
+      case Optimizer::adamw: return 2 * bytes_per_moment;
+      case Optimizer::adamw8bit: return 2.0;
+      case Optimizer::sgd: return bytes_per_moment;
+    }
+    return 0.0;
+  };
+  switch (precision) {
+    case Precision::mixed: return {2, 2, 4 + moments(4)};             // fp32 master + fp32 moments
+    case Precision::mixed_fp32_grads: return {2, 4, 4 + moments(4)};  // Megatron/DeepSpeed's 18
+    case Precision::bf16: return {2, 2, moments(2)};                  // torchtune/litgpt
+    case Precision::fp32: return {4, 4, moments(4)};
+  }
+  return {0, 0, 0};
+}
+
+int activation_bytes(Precision precision) { return precision == Precision::fp32 ? 4 : 2; }
+
+double frozen_weight_bytes(Precision precision) { return precision == Precision::fp32 ? 4.0 : 2.0; }
+
+}  // namespace ftplan

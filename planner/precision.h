@@ -1,0 +1,31 @@
+// Bytes per parameter under each precision convention and optimizer, and the 4-bit NF4 format.
+// The convention is always named in the output, because tools disagree (8, 16, 18 or 20 B/param).
+#pragma once
+
+#include "planner/training_setup.h"
+
+namespace ftplan {
+
+struct ParamBytes {
+  double weight;     // working copy used in forward/backward, e.g. 2 (bf16)
+  double gradient;   // e.g. 2 (bf16) or 4 (fp32 accumulation)
+  double optimizer;  // everything the optimizer keeps, fp32 master copy included, e.g. 12
+};
+
+// Bytes per *trainable* parameter. Mixed precision with AdamW: 2 + 2 + (4 master + 4 m + 4 v) = 16,
+// the ZeRO paper's K = 12 (Rajbhandari et al. 2020, sec. 3.1). 8-bit AdamW keeps m and v in one byte
+// each (Dettmers et al. 2022); SGD with momentum keeps one moment.
+ParamBytes trainable_param_bytes(Precision precision, Optimizer optimizer);
+
+// Bytes of one activation element: 2 under mixed/bf16 compute, 4 under fp32.
+int activation_bytes(Precision precision);
+
+// Bytes per frozen parameter stored in the compute dtype (LoRA's base weights).
+double frozen_weight_bytes(Precision precision);
+
+// NF4 with block size 64 and double quantization (QLoRA, Dettmers et al. 2023, sec. 3):
+// 4 bits + an 8-bit absmax per 64 weights + an fp32 absmax per 256 blocks = 4.127 bits.
+constexpr double kNf4BitsPerParam = 4.0 + 8.0 / 64.0 + 32.0 / (64.0 * 256.0);
+constexpr double kNf4BytesPerParam = kNf4BitsPerParam / 8.0;
+
+}  // namespace ftplan

@@ -1,0 +1,170 @@
+#include "planner/step_time.h"
+
+#include <algorithm>
+
+#include "planner/precision.h"
+
+namespace ftplan {
+
+PlanContext prepare_plan(const ModelSpec& model, const HardwareSpec& hw, const TrainingSetup& setup,
+                         int64_t num_gpus) {
+  PlanContext c;
+  c.memory = prepare_job(model, hw, setup);
+  c.flops = flops_per_token(model, setup);
+  c.num_gpus = std::max<int64_t>(1, num_gpus);
+  c.net = interconnect_for(hw, c.num_gpus);
+  c.peak_flops = peak_flops(hw, setup.precision);
+  c.efficiency = compute_efficiency(hw, setup);
+  const PreparedJob& m = c.memory;
+  const double L = static_cast<double>(model.num_layers);
+  c.weight_bytes = m.embedding_weight_bytes + L * m.layer_weight_bytes + m.head_weight_bytes;
+  c.grad_bytes = m.embedding_grad_bytes + L * m.layer_grad_bytes + m.head_grad_bytes;
+  c.layer_weight_bytes = m.layer_weight_bytes;
+  c.layer_grad_bytes = m.layer_grad_bytes;
+  c.trainable_params = m.trainable_params;
+  c.trainable_weight_bytes = m.trainable_params * trainable_param_bytes(setup.precision, setup.optimizer).weight;
+  c.nf4_params = trainable_params(model, setup).quantized;
+  return c;
+}
+
+StepEstimate estimate_step(const PlanContext& ctx, const Candidate& cand, const StepOptions& opt) {
+  const ModelSpec& model = *ctx.memory.model;
+  const HardwareSpec& hw = *ctx.memory.hw;
+  const TrainingSetup& setup = *ctx.memory.setup;
+  const Interconnect& net = ctx.net;
+  const int64_t N = ctx.num_gpus;
+  const double G = static_cast<double>(setup.grad_accum);
+  const double T = static_cast<double>(cand.micro_batch) * setup.seq_len;  // tokens per micro-batch per GPU
+  const double rate = ctx.peak_flops * ctx.efficiency;
+  const bool ckpt = cand.checkpointing == Checkpointing::full;
+
+  // One micro-batch through the whole model on one GPU.
+  const double forward = ctx.flops.forward * T / rate;
+  const double backward = (ctx.flops.backward + (ckpt ? ctx.flops.block_forward : 0)) * T / rate;
+  const double dequant = ctx.nf4_params ? nf4_dequant_time_s(ctx.nf4_params, hw) * (ckpt ? 3 : 2) : 0;
+  const double micro = forward + backward + dequant;
+
+  auto time = [&](Collective c, double bytes) { return collective_time_s(net, c, bytes); };
+  // Communication `comm` hidden behind a compute window, except `unhideable`.
+  auto exposed = [&](double comm, double window, double unhideable) {
+    return opt.overlap ? std::max(std::min(comm, unhideable), comm - window) : comm;
+  };
+
+  StepEstimate s;
+  double tokens = G * T;             // one replica
+  double per_step_exposed = 0, comm = 0, bytes = 0;
+  double optimizer = optimizer_step_time_s(ctx.trainable_params, hw);
+  double compute = G * micro;
+  switch (cand.strategy) {
+    case Strategy::single: break;
+    case Strategy::ddp: {
+      const double ar = time(Collective::all_reduce, ctx.grad_bytes);
+      comm = ar;
+      per_step_exposed = exposed(ar, backward, time(Collective::all_reduce, std::min(opt.ddp_bucket_bytes, ctx.grad_bytes)));
+      bytes = wire_bytes(Collective::all_reduce, ctx.grad_bytes, N);
+      tokens *= N;
+      break;
+    }
+    case Strategy::zero1:
+    case Strategy::zero2: {
+      const double rs = time(Collective::reduce_scatter, ctx.grad_bytes);
+      const double ag = time(Collective::all_gather, ctx.trainable_weight_bytes);
+      const double reductions = cand.strategy == Strategy::zero1 ? 1.0 : G;
+      const double rs_exposed = exposed(rs, backward, time(Collective::reduce_scatter, std::min(opt.ddp_bucket_bytes, ctx.grad_bytes)));
+      comm = reductions * rs + ag;
+      per_step_exposed = reductions * rs_exposed + ag;
+      bytes = reductions * wire_bytes(Collective::reduce_scatter, ctx.grad_bytes, N) +
+              wire_bytes(Collective::all_gather, ctx.trainable_weight_bytes, N);
+      optimizer /= N;
+      tokens *= N;
+      break;
+    }
+    case Strategy::zero3:
+    case Strategy::fsdp:
+    case Strategy::fsdp_shard_grad_op:
+    case Strategy::fsdp_hybrid:
+    case Strategy::zero3_offload: {
+      const bool hybrid = cand.strategy == Strategy::fsdp_hybrid;
+      Interconnect shard_net = net;
+      if (hybrid) shard_net.nodes = 1, shard_net.num_gpus = net.gpus_per_node;
+      const int64_t shard = hybrid ? net.gpus_per_node : N;
+      auto stime = [&](Collective c, double b) { return collective_time_s(shard_net, c, b); };
+      const double gathers = cand.strategy == Strategy::fsdp_shard_grad_op ? 1.0 : 2.0;  // forward, backward
+      double mb_comm = gathers * stime(Collective::all_gather, ctx.weight_bytes) + stime(Collective::reduce_scatter, ctx.grad_bytes);
+      double mb_bytes = gathers * wire_bytes(Collective::all_gather, ctx.weight_bytes, shard) +
+                        wire_bytes(Collective::reduce_scatter, ctx.grad_bytes, shard);
+      if (cand.strategy == Strategy::zero3_offload) {  // parameters come up from the host for each use
+        mb_comm += gathers * ctx.weight_bytes / shard / net.host_bandwidth_bytes_per_s;
+      }
+      const double unhidden = stime(Collective::all_gather, ctx.layer_weight_bytes) + stime(Collective::reduce_scatter, ctx.layer_grad_bytes);
+      comm = G * mb_comm;
+      per_step_exposed = G * exposed(mb_comm, micro, unhidden);
+      bytes = G * mb_bytes;
+      if (hybrid && net.nodes > 1) {  // replicas across nodes all-reduce their gradient shards
+        const double ar = collective_time_s(Collective::all_reduce, ctx.grad_bytes / shard, net.nodes,
+                                            net.inter_bandwidth_bytes_per_s, net.latency_s);
+        comm += ar;
+        per_step_exposed += ar;
+        bytes += wire_bytes(Collective::all_reduce, ctx.grad_bytes / shard, net.nodes);
+      }
+      optimizer = cand.strategy == Strategy::zero3_offload ? ctx.trainable_params / double(N) / kCpuAdamParamsPerS
+                                                           : optimizer / shard;
+      tokens *= N;
+      break;
+    }
+    case Strategy::zero2_offload: {
+      const double rs = time(Collective::reduce_scatter, ctx.grad_bytes);
+      const double down = ctx.grad_bytes / N / net.host_bandwidth_bytes_per_s;  // gradient shard to host
+      const double up = ctx.trainable_weight_bytes / N / net.host_bandwidth_bytes_per_s;
+      const double ag = time(Collective::all_gather, ctx.trainable_weight_bytes);
+      comm = G * (rs + down) + up + ag;
+      per_step_exposed = G * exposed(rs + down, backward, time(Collective::reduce_scatter, std::min(opt.ddp_bucket_bytes, ctx.grad_bytes))) + up + ag;
+      bytes = G * wire_bytes(Collective::reduce_scatter, ctx.grad_bytes, N) + wire_bytes(Collective::all_gather, ctx.trainable_weight_bytes, N);
+      optimizer = ctx.trainable_params / double(N) / kCpuAdamParamsPerS;
+      tokens *= N;
+      break;
+    }
+    case Strategy::mp:
+    case Strategy::pipeline_gpipe:
+    case Strategy::pipeline_1f1b: {
+      const double p = static_cast<double>(std::min<int64_t>(N, model.num_layers));
+      const double act = activation_bytes(setup.precision) * T * model.hidden_size;
+      const double hop = time(Collective::send_recv, act);  // one activation (or its gradient) to a neighbour
+      if (cand.strategy == Strategy::mp) {
+        // One stage busy at a time: a micro-batch walks through p stages forward and back.
+        compute = G * micro;
+        comm = G * 2 * (p - 1) * hop;
+        per_step_exposed = comm;
+        s.bubble_s = G * micro * (p - 1) / p;  // each GPU idles while the others work
+        s.bubble_fraction = (p - 1) / p;
+      } else {
+        // m micro-batches through p stages: (m + p - 1) slots of one stage's work.
+        const double m = G;
+        const double slot = micro / p + 2 * hop;
+        compute = m * micro / p;
+        comm = m * 2 * hop;
+        per_step_exposed = comm;
+        s.bubble_s = (p - 1) * slot;
+        s.bubble_fraction = (p - 1) / (m + p - 1);
+      }
+      bytes = G * 2 * act * (p > 1 ? 1 : 0);
+      optimizer /= p;
+      break;
+    }
+  }
+  s.compute_s = compute;
+  s.comm_s = comm;
+  s.exposed_comm_s = per_step_exposed;
+  s.optimizer_s = optimizer;
+  const bool pipelined = cand.strategy == Strategy::pipeline_gpipe || cand.strategy == Strategy::pipeline_1f1b;
+  s.step_time_s = compute + per_step_exposed + optimizer + (pipelined ? s.bubble_s : 0);
+  s.tokens_per_step = tokens;
+  s.tokens_per_s = tokens / s.step_time_s;
+  s.flops_per_step = ctx.flops.model * tokens;
+  const int64_t gpus_used = cand.strategy == Strategy::single ? 1 : N;
+  s.mfu = s.flops_per_step / (s.step_time_s * gpus_used * ctx.peak_flops);
+  s.comm_bytes_per_step = bytes;
+  return s;
+}
+
+}  // namespace ftplan

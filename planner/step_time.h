@@ -1,0 +1,66 @@
+// Step time of one optimizer step: compute + the communication that is not hidden, with an explicit
+// overlap model per strategy:
+//   DDP: gradient buckets all-reduce while backward runs; only the last bucket (or the excess of
+//        communication over backward) is exposed (Li et al. 2020, PyTorch DDP, sec. 3.2.3).
+//   ZeRO-1/2: the gradient reduce-scatter overlaps backward like DDP; the parameter all-gather after
+//        the optimizer step is exposed.
+//   ZeRO-3/FSDP: per-layer all-gathers prefetch behind compute (forward and backward prefetch);
+//        the first layer's gather and the last reduce-scatter are exposed, plus any excess of
+//        communication over compute.
+//   naive MP: one stage busy at a time; pipeline: bubble (p-1)/(m+p-1) (Huang et al. 2019, GPipe).
+// Gradient accumulation communicates once per optimizer step where the strategy allows it (DDP's
+// no_sync, ZeRO-1); ZeRO-2/3 and FSDP communicate on every micro-batch.
+#pragma once
+
+#include <string>
+
+#include "planner/collectives.h"
+#include "planner/compute_model.h"
+#include "planner/memory_model.h"
+
+namespace ftplan {
+
+// Everything the step-time and memory estimates of one job on N GPUs share, computed once.
+struct PlanContext {
+  PreparedJob memory;
+  FlopsPerToken flops;
+  Interconnect net;
+  double peak_flops = 0;          // FLOP/s of the precision in use
+  double efficiency = 0;          // achieved / peak
+  double weight_bytes = 0;        // all working weights as communicated (ZeRO-3/FSDP gathers)
+  double trainable_weight_bytes = 0;
+  double grad_bytes = 0;          // all trainable gradients as communicated
+  double layer_weight_bytes = 0;  // one block's weights
+  double layer_grad_bytes = 0;
+  int64_t nf4_params = 0;
+  int64_t trainable_params = 0;
+  int64_t num_gpus = 1;
+};
+
+// The pointers inside must outlive the context.
+PlanContext prepare_plan(const ModelSpec& model, const HardwareSpec& hw, const TrainingSetup& setup,
+                         int64_t num_gpus);
+
+struct StepOptions {
+  bool overlap = true;                          // false: every communication is exposed
+  double ddp_bucket_bytes = 25.0 * (1 << 20);   // PyTorch DDP's bucket_cap_mb
+};
+
+struct StepEstimate {
+  double compute_s = 0;        // forward + backward (+ recompute, + NF4 dequantisation), all micro-batches
+  double comm_s = 0;           // every collective and copy, hidden or not
+  double exposed_comm_s = 0;   // the part compute does not hide
+  double bubble_s = 0;         // pipeline / naive-MP idle time on the busiest GPU
+  double optimizer_s = 0;
+  double step_time_s = 0;
+  double bubble_fraction = 0;
+  double tokens_per_step = 0;  // all GPUs together
+  double tokens_per_s = 0;
+  double mfu = 0;              // model FLOPs (no recompute) / (time × GPUs × peak)
+  double comm_bytes_per_step = 0;  // bytes each GPU sends per optimizer step
+  double flops_per_step = 0;       // model FLOPs per optimizer step, all GPUs
+};
+
+StepEstimate estimate_step(const PlanContext& context, const Candidate& candidate, const StepOptions& options = {});
+
+}  // namespace ftplan

@@ -1,0 +1,132 @@
+#include "planner/sweep.h"
+
+#include <algorithm>
+#include <iomanip>
+#include <sstream>
+
+#include "planner/format.h"
+#include "planner/plan_report.h"
+
+namespace ftplan {
+
+std::vector<SweepRow> run_sweep(const ModelSpec& model, const std::vector<HardwareSpec>& gpus,
+                                const std::vector<int64_t>& counts, const TrainingSetup& base, Objective objective,
+                                bool all_candidates, const SweepLimits& limits, int64_t* evaluated) {
+  std::vector<SweepRow> rows;
+  auto within = [&](const RankedCandidate& c) {
+    if (limits.max_hours && (!c.has_job || c.job_time_s / 3600.0 > *limits.max_hours)) return false;
+    if (limits.max_cost && (!c.has_job || c.cost_usd > *limits.max_cost)) return false;
+    return true;
+  };
+  for (const HardwareSpec& hw : gpus) {
+    for (int64_t n : counts) {
+      TrainingSetup setup = base;
+      setup.gpu = hw.id;
+      setup.num_gpus = n;
+      const PlanContext ctx = prepare_plan(model, hw, setup, n);
+      const SearchSpace space = search_space(model, hw, setup);
+      for (Strategy s : space.strategies) {
+        std::optional<RankedCandidate> best;
+        for (Checkpointing ck : space.checkpointing)
+          for (Attention at : space.attention)
+            for (int64_t b : space.micro_batches) {
+              RankedCandidate r = evaluate_candidate(ctx, {s, b, ck, at}, objective);
+              if (evaluated) ++*evaluated;
+              if (!r.memory.fits || !within(r)) continue;
+              if (all_candidates) rows.push_back({hw.id, n, r});
+              else if (!best || r.score < best->score) best = r;
+            }
+        if (best) rows.push_back({hw.id, n, *best});
+      }
+    }
+  }
+  sort_sweep(rows, objective);
+  return rows;
+}
+
+void sort_sweep(std::vector<SweepRow>& rows, Objective objective) {
+  (void)objective;  // every row's score already follows the objective
+  std::stable_sort(rows.begin(), rows.end(),
+                   [](const SweepRow& a, const SweepRow& b) { return a.result.score < b.result.score; });
+}
+
+namespace {
+
+struct Cells {
+  std::vector<std::string> header{"gpu", "gpus", "strategy", "micro_batch", "checkpointing", "memory_GiB",
+                                  "step_time_s", "tokens_per_s", "mfu_pct", "job_time", "job_time_s", "cost_usd"};
+  static std::vector<std::string> row(const SweepRow& r) {
+    const RankedCandidate& c = r.result;
+    return {r.gpu,
+            std::to_string(r.gpus),
+            to_string(c.candidate.strategy),
+            std::to_string(c.candidate.micro_batch),
+            to_string(c.candidate.checkpointing),
+            format_fixed(c.memory.per_gpu.total / double(1LL << 30), 2),
+            format_fixed(c.step.step_time_s, 4),
+            format_fixed(c.step.tokens_per_s, 0),
+            format_fixed(c.step.mfu * 100, 1),
+            c.has_job ? format_duration(c.job_time_s) : "-",
+            c.has_job ? format_fixed(c.job_time_s, 0) : "",
+            c.has_job ? format_fixed(c.cost_usd, 2) : ""};
+  }
+};
+
+}  // namespace
+
+std::string sweep_table(const std::vector<SweepRow>& rows) {
+  Cells cells;
+  std::vector<std::vector<std::string>> all{cells.header};
+  for (const auto& r : rows) all.push_back(Cells::row(r));
+  std::vector<size_t> width(cells.header.size(), 0);
+  for (const auto& line : all)
+    for (size_t i = 0; i < line.size(); ++i) width[i] = std::max(width[i], line[i].size());
+  std::ostringstream out;
+  for (const auto& line : all) {
+    for (size_t i = 0; i < line.size(); ++i) out << (i ? "  " : "") << std::setw(static_cast<int>(width[i])) << line[i];
+    out << "\n";
+  }
+  if (rows.empty()) out << "(no plan fits within the limits)\n";
+  return out.str();
+}
+
+std::string sweep_csv(const std::vector<SweepRow>& rows) {
+  Cells cells;
+  std::ostringstream out;
+  auto write = [&](const std::vector<std::string>& line) {
+    for (size_t i = 0; i < line.size(); ++i) out << (i ? "," : "") << line[i];
+    out << "\n";
+  };
+  write(cells.header);
+  for (const auto& r : rows) write(Cells::row(r));
+  return out.str();
+}
+
+std::string sweep_markdown(const std::vector<SweepRow>& rows) {
+  Cells cells;
+  std::ostringstream out;
+  auto write = [&](const std::vector<std::string>& line) {
+    out << "|";
+    for (const auto& cell : line) out << " " << cell << " |";
+    out << "\n";
+  };
+  write(cells.header);
+  out << "|";
+  for (size_t i = 0; i < cells.header.size(); ++i) out << " --- |";
+  out << "\n";
+  for (const auto& r : rows) write(Cells::row(r));
+  return out.str();
+}
+
+nlohmann::json sweep_json(const std::vector<SweepRow>& rows) {
+  nlohmann::json j = nlohmann::json::array();
+  for (const auto& r : rows) {
+    nlohmann::json c = ranked_candidate_json(r.result);
+    c["gpu"] = r.gpu;
+    c["gpus"] = r.gpus;
+    j.push_back(c);
+  }
+  return j;
+}
+
+}  // namespace ftplan

@@ -1,0 +1,209 @@
+#include "planner/training_setup.h"
+
+#include <algorithm>
+#include <array>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "planner/errors.h"
+#include "planner/json_fields.h"
+
+namespace ftplan {
+namespace {
+
+template <typename Enum, size_t N>
+Enum parse_enum(const std::string& s, const std::string& field,
+                const std::array<std::pair<const char*, Enum>, N>& table) {
+  std::string accepted;
+  for (const auto& [name, value] : table) {
+    if (s == name) return value;
+    accepted += (accepted.empty() ? "" : ", ") + std::string(name);
+  }
+  fail_input(field + ": '" + s + "' is not one of " + accepted);
+}
+
+template <typename Enum, size_t N>
+std::string enum_name(Enum v, const std::array<std::pair<const char*, Enum>, N>& table) {
+  for (const auto& [name, value] : table)
+    if (value == v) return name;
+  return "?";
+}
+
+const std::array<std::pair<const char*, Method>, 3> kMethods{{
+    {"full", Method::full}, {"lora", Method::lora}, {"qlora", Method::qlora}}};
+const std::array<std::pair<const char*, Precision>, 4> kPrecisions{{
+    {"mixed", Precision::mixed}, {"mixed-fp32-grads", Precision::mixed_fp32_grads},
+    {"bf16", Precision::bf16}, {"fp32", Precision::fp32}}};
+const std::array<std::pair<const char*, Optimizer>, 3> kOptimizers{{
+    {"adamw", Optimizer::adamw}, {"adamw8bit", Optimizer::adamw8bit}, {"sgd", Optimizer::sgd}}};
+const std::array<std::pair<const char*, Checkpointing>, 2> kCheckpointing{{
+    {"none", Checkpointing::none}, {"full", Checkpointing::full}}};
+const std::array<std::pair<const char*, Attention>, 2> kAttention{{
+    {"fused", Attention::fused}, {"eager", Attention::eager}}};
+const std::array<std::pair<const char*, Strategy>, 13> kStrategies{{
+    {"single", Strategy::single}, {"mp", Strategy::mp}, {"pipeline", Strategy::pipeline_gpipe},
+    {"pipeline_1f1b", Strategy::pipeline_1f1b}, {"ddp", Strategy::ddp}, {"zero1", Strategy::zero1},
+    {"zero2", Strategy::zero2}, {"zero3", Strategy::zero3}, {"fsdp", Strategy::fsdp},
+    {"fsdp_shard_grad_op", Strategy::fsdp_shard_grad_op}, {"fsdp_hybrid", Strategy::fsdp_hybrid},
+    {"zero2_offload", Strategy::zero2_offload}, {"zero3_offload", Strategy::zero3_offload}}};
+
+const std::array<const char*, 7> kLinearNames{"q_proj", "k_proj", "v_proj", "o_proj",
+                                              "gate_proj", "up_proj", "down_proj"};
+
+}  // namespace
+
+const std::vector<Strategy>& all_strategies() {
+  static const std::vector<Strategy> all = [] {
+    std::vector<Strategy> v;
+    for (const auto& entry : kStrategies) v.push_back(entry.second);
+    return v;
+  }();
+  return all;
+}
+
+std::string to_string(Method v) { return enum_name(v, kMethods); }
+std::string to_string(Precision v) { return enum_name(v, kPrecisions); }
+std::string to_string(Optimizer v) { return enum_name(v, kOptimizers); }
+std::string to_string(Checkpointing v) { return enum_name(v, kCheckpointing); }
+std::string to_string(Attention v) { return enum_name(v, kAttention); }
+std::string to_string(Strategy v) { return enum_name(v, kStrategies); }
+Method parse_method(const std::string& s, const std::string& f) { return parse_enum(s, f, kMethods); }
+Precision parse_precision(const std::string& s, const std::string& f) { return parse_enum(s, f, kPrecisions); }
+Optimizer parse_optimizer(const std::string& s, const std::string& f) { return parse_enum(s, f, kOptimizers); }
+Checkpointing parse_checkpointing(const std::string& s, const std::string& f) {
+  return parse_enum(s, f, kCheckpointing);
+}
+Attention parse_attention(const std::string& s, const std::string& f) { return parse_enum(s, f, kAttention); }
+Strategy parse_strategy(const std::string& s, const std::string& f) { return parse_enum(s, f, kStrategies); }
+
+std::vector<std::string> parse_lora_targets(const std::string& list, const std::string& field) {
+  if (list == "all-linear" || list == "all") return {kLinearNames.begin(), kLinearNames.end()};
+  std::vector<std::string> targets;
+  std::stringstream in(list);
+  std::string name;
+  while (std::getline(in, name, ',')) {
+    if (std::find(kLinearNames.begin(), kLinearNames.end(), name) == kLinearNames.end())
+      fail_input(field + ": '" + name +
+                 "' is not a block linear (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, "
+                 "down_proj, or all-linear)");
+    if (std::find(targets.begin(), targets.end(), name) == targets.end()) targets.push_back(name);
+  }
+  if (targets.empty()) fail_input(field + ": empty list");
+  return targets;
+}
+
+TrainingSetup training_setup_from_json(const nlohmann::json& j, const std::string& where) {
+  require_known_keys(j,
+                     {"model", "gpu", "gpus", "method", "lora", "precision", "optimizer", "paged_optimizer",
+                      "seq_len", "micro_batch", "grad_accum", "checkpointing", "attention", "strategy",
+                      "efficiency", "dataset", "epochs", "headroom_fraction", "steps", "learning_rate",
+                      "seed", "data", "device", "published", "description"},
+                     where);
+  TrainingSetup s;
+  s.model = read_string(j, "model", where);
+  s.gpu = read_string_or(j, "gpu", s.gpu, where);
+  s.num_gpus = read_int_or(j, "gpus", s.num_gpus, where, 1, 1 << 20);
+  s.method = parse_method(read_string_or(j, "method", "full", where), where + ": method");
+  if (has_field(j, "lora")) {
+    const auto& l = j.at("lora");
+    const std::string lw = where + ": lora";
+    require_known_keys(l, {"rank", "alpha", "dropout", "targets"}, lw);
+    s.lora.rank = read_int_or(l, "rank", s.lora.rank, lw, 1, 1 << 16);
+    s.lora.alpha = read_number_or(l, "alpha", 2.0 * s.lora.rank, lw, 1e-9, 1e9);
+    s.lora.dropout = read_number_or(l, "dropout", 0.0, lw, 0.0, 0.99);
+    if (has_field(l, "targets")) {
+      const auto& t = l.at("targets");
+      std::string list;
+      if (t.is_string()) {
+        list = t.get<std::string>();
+      } else if (t.is_array()) {
+        for (const auto& x : t) {
+          if (!x.is_string()) fail_input(lw + ": targets: expected module names");
+          list += (list.empty() ? "" : ",") + x.get<std::string>();
+        }
+      } else {
+        fail_input(lw + ": targets: expected a list or \"all-linear\"");
+      }
+      s.lora.targets = parse_lora_targets(list, lw + ": targets");
+    }
+  } else {
+    s.lora.alpha = 2.0 * s.lora.rank;
+  }
+  s.precision = parse_precision(read_string_or(j, "precision", "mixed", where), where + ": precision");
+  s.optimizer = parse_optimizer(read_string_or(j, "optimizer", "adamw", where), where + ": optimizer");
+  s.paged_optimizer = read_bool_or(j, "paged_optimizer", false, where);
+  s.seq_len = read_int_or(j, "seq_len", s.seq_len, where, 1, 1 << 24);
+  s.grad_accum = read_int_or(j, "grad_accum", s.grad_accum, where, 1, 1 << 20);
+  s.epochs = read_int_or(j, "epochs", s.epochs, where, 1, 1 << 20);
+  s.headroom_fraction = read_number_or(j, "headroom_fraction", s.headroom_fraction, where, 0.0, 0.9);
+  if (has_field(j, "micro_batch")) s.micro_batch = read_int(j, "micro_batch", where, 1, 1 << 20);
+  if (has_field(j, "checkpointing"))
+    s.checkpointing = parse_checkpointing(read_string(j, "checkpointing", where), where + ": checkpointing");
+  if (has_field(j, "attention"))
+    s.attention = parse_attention(read_string(j, "attention", where), where + ": attention");
+  if (has_field(j, "strategy"))
+    s.strategy = parse_strategy(read_string(j, "strategy", where), where + ": strategy");
+  if (has_field(j, "efficiency")) s.efficiency = read_number(j, "efficiency", where, 1e-4, 1.0);
+  if (has_field(j, "dataset")) {
+    const auto& d = j.at("dataset");
+    const std::string dw = where + ": dataset";
+    require_known_keys(d, {"rows", "mean_tokens_per_row", "tokens", "description"}, dw);
+    s.dataset.rows = read_int_or(d, "rows", 0, dw, 1, INT64_C(1) << 40);
+    s.dataset.mean_tokens_per_row = read_int_or(d, "mean_tokens_per_row", 0, dw, 1, 1 << 24);
+    s.dataset.tokens = read_int_or(d, "tokens", 0, dw, 1, INT64_C(1) << 50);
+    if (s.dataset.rows == 0 && s.dataset.tokens == 0) fail_input(dw + ": give rows or tokens");
+  }
+  s.steps = read_int_or(j, "steps", s.steps, where, 1, 1 << 30);
+  s.learning_rate = read_number_or(j, "learning_rate", s.learning_rate, where, 0.0, 10.0);
+  s.seed = read_int_or(j, "seed", s.seed, where, 0, INT64_C(1) << 62);
+  s.data = read_string_or(j, "data", s.data, where);
+  s.device = read_string_or(j, "device", s.device, where);
+  if (s.device != "cpu" && s.device != "cuda") fail_input(where + ": device: '" + s.device + "' is not cpu or cuda");
+  return s;
+}
+
+nlohmann::json training_setup_to_json(const TrainingSetup& s) {
+  nlohmann::json j;
+  j["model"] = s.model;
+  j["gpu"] = s.gpu;
+  j["gpus"] = s.num_gpus;
+  j["method"] = to_string(s.method);
+  if (s.method != Method::full)
+    j["lora"] = {{"rank", s.lora.rank}, {"alpha", s.lora.alpha}, {"dropout", s.lora.dropout},
+                 {"targets", s.lora.targets}};
+  j["precision"] = to_string(s.precision);
+  j["optimizer"] = to_string(s.optimizer);
+  j["paged_optimizer"] = s.paged_optimizer;
+  j["seq_len"] = s.seq_len;
+  j["grad_accum"] = s.grad_accum;
+  j["epochs"] = s.epochs;
+  j["headroom_fraction"] = s.headroom_fraction;
+  if (s.micro_batch) j["micro_batch"] = *s.micro_batch;
+  if (s.checkpointing) j["checkpointing"] = to_string(*s.checkpointing);
+  if (s.attention) j["attention"] = to_string(*s.attention);
+  if (s.strategy) j["strategy"] = to_string(*s.strategy);
+  if (s.efficiency) j["efficiency"] = *s.efficiency;
+  if (s.dataset.rows || s.dataset.tokens) {
+    nlohmann::json d;
+    if (s.dataset.rows) d["rows"] = s.dataset.rows;
+    if (s.dataset.mean_tokens_per_row) d["mean_tokens_per_row"] = s.dataset.mean_tokens_per_row;
+    if (s.dataset.tokens) d["tokens"] = s.dataset.tokens;
+    j["dataset"] = d;
+  }
+  j["steps"] = s.steps;
+  j["learning_rate"] = s.learning_rate;
+  j["seed"] = s.seed;
+  j["data"] = s.data;
+  j["device"] = s.device;
+  return j;
+}
+
+int64_t job_tokens(const TrainingSetup& s) {
+  int64_t per_epoch = s.dataset.tokens;
+  if (per_epoch == 0 && s.dataset.rows > 0)
+    per_epoch = s.dataset.rows * (s.dataset.mean_tokens_per_row ? s.dataset.mean_tokens_per_row : s.seq_len);
+  return per_epoch * s.epochs;
+}
+
+}  // namespace ftplan

@@ -1,0 +1,22 @@
+// A scheduled step as a Chrome trace event file (opens in Perfetto and chrome://tracing):
+// pid = rank, tid = stream; one "X" event per op (ts/dur in µs), "M" events naming each process
+// ("rank 3") and thread ("compute", "comm", "host_copy", "cpu"), and a "C" counter track
+// "memory" per rank (GiB = 2^30 bytes) sampled whenever the memory changes.
+// Format: https://docs.google.com/document/d/1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU
+#pragma once
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "simulator/op_graph.h"
+#include "simulator/scheduler.h"
+
+namespace ftplan::sim {
+
+nlohmann::json chrome_trace_json(const OpGraph& g, const Schedule& schedule);
+
+// Writes chrome_trace_json to path atomically (temporary file, then rename).
+void chrome_trace_write(const std::string& path, const OpGraph& g, const Schedule& schedule);
+
+}  // namespace ftplan::sim

@@ -1,0 +1,64 @@
+// Builds the op graph of one optimizer step from StepInputs, one function per strategy family.
+//
+// Conventions shared by every builder:
+// - Each rank's compute stream runs its ops in program order (creation order), like a CUDA stream.
+// - A unit's saved activations appear when its forward starts and go when its backward_weight ends;
+//   under checkpointing the forward keeps checkpoint_bytes and the recompute brings back
+//   saved_activation_bytes until backward_weight ends. The logits live from the head's forward
+//   start to its backward_input end.
+// - With overlap off every op on a rank waits for the previous one created (the closed-form sum).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "simulator/op_graph.h"
+#include "simulator/step_inputs.h"
+
+namespace ftplan::sim {
+
+// Validates the inputs (InputError listing every problem), then calls the builder for the strategy.
+OpGraph build_step_graph(const StepInputs& inputs);
+
+// single, ddp, zero1, zero2, zero3, fsdp, fsdp_shard_grad_op, fsdp_hybrid, zero2_offload,
+// zero3_offload: one representative rank (rank 0), collectives as single ops on its comm stream.
+//   ddp: bucketed all-reduce (ddp_bucket_plan) launched as backward produces the gradients, on the
+//     last micro-batch only (no_sync before it).
+//   zero1: per-unit gradient reduce-scatter on the last micro-batch; zero2/zero3/fsdp*: on every
+//     micro-batch, the unsharded gradient alive from backward_weight's start to the
+//     reduce-scatter's end. zero1/zero2(_offload): after the optimizer, a per-unit all-gather of
+//     the updated (trainable, grad_bytes) parameters.
+//   zero3/fsdp/fsdp_hybrid/zero3_offload (FULL_SHARD): a per-unit all-gather before its forward
+//     and again before its backward, issued fsdp_prefetch_depth units ahead (forward and backward
+//     prefetch); the gathered copy is freed after the unit's forward (after its backward for the
+//     last unit, which is not resharded after forward, as torchtitan does) and after its backward.
+//   fsdp_shard_grad_op: gathered before forward only, kept until the unit's backward ends.
+//   fsdp_hybrid: + an all-reduce across replicas (replica_all_reduce_s) after each reduce-scatter.
+//   *_offload: each reduce-scattered gradient shard copied to the host, the optimizer on the host
+//     CPU, then each updated parameter shard copied back.
+// All collectives share one comm stream per rank (NCCL shares the links anyway).
+OpGraph build_data_parallel_graph(const StepInputs& inputs);
+
+// mp, pipeline_gpipe, pipeline_1f1b: every stage is a rank (num_gpus stages); each stage sends
+// the activation (checkpoint_bytes of the next stage's first unit) forward and its gradient back
+// as one op on the sender's comm stream. mp runs micro-batches one after the other.
+OpGraph build_pipeline_graph(const StepInputs& inputs);
+
+// DDP's buckets in the order they are reduced: filled from the last unit's gradients backwards,
+// the first one capped at first_bucket_bytes, the rest at bucket_bytes; a unit's gradient may span
+// buckets (PyTorch splits at parameter boundaries, so this is exact when units are many params).
+struct DdpBucket {
+  int64_t bytes = 0;           // e.g. 26214400
+  int ready_after_layer = 0;   // its all-reduce may start when this unit's backward_weight ends
+};
+std::vector<DdpBucket> ddp_bucket_plan(const StepInputs& inputs);
+
+// The order of forward/backward slots of one pipeline stage (0-based) of `stages`.
+struct PipelineSlot {
+  int micro_batch = 0;
+  bool forward = true;
+};
+std::vector<PipelineSlot> pipeline_stage_order(Strategy strategy, int stage, int stages,
+                                               int micro_batches);
+
+}  // namespace ftplan::sim

@@ -1,0 +1,101 @@
+#include "simulator/step_inputs.h"
+
+#include <cmath>
+#include <sstream>
+
+#include "planner/errors.h"
+
+namespace ftplan::sim {
+
+bool strategy_is_pipeline(Strategy s) {
+  return s == Strategy::mp || s == Strategy::pipeline_gpipe || s == Strategy::pipeline_1f1b;
+}
+
+bool strategy_is_symmetric(Strategy s) { return !strategy_is_pipeline(s); }
+
+std::vector<int> stage_layer_bounds(const StepInputs& inputs) {
+  const int stages = inputs.num_gpus;
+  const int layers = static_cast<int>(inputs.layers.size());
+  std::vector<int> bounds{0};
+  if (!inputs.stage_layer_counts.empty()) {
+    for (int count : inputs.stage_layer_counts) bounds.push_back(bounds.back() + count);
+    return bounds;
+  }
+  for (int s = 1; s <= stages; ++s) bounds.push_back(static_cast<int>(int64_t{layers} * s / stages));
+  return bounds;
+}
+
+namespace {
+
+bool bad_number(double x) { return !std::isfinite(x) || x < 0.0; }
+
+}  // namespace
+
+void validate_step_inputs(const StepInputs& in) {
+  std::vector<std::string> problems;
+  auto add = [&](const std::string& p) { problems.push_back(p); };
+  const std::string strategy = to_string(in.strategy);
+  const int layers = static_cast<int>(in.layers.size());
+
+  if (in.num_gpus < 1) add("num_gpus(" + std::to_string(in.num_gpus) + ") must be >= 1");
+  if (in.micro_batches < 1) add("micro_batches(" + std::to_string(in.micro_batches) + ") must be >= 1");
+  if (layers < 1) add("layers is empty (need at least one unit)");
+  if (in.strategy == Strategy::single && in.num_gpus != 1)
+    add("single needs num_gpus(" + std::to_string(in.num_gpus) + ") == 1");
+  if (strategy_is_pipeline(in.strategy) && in.num_gpus > layers)
+    add(strategy + " needs num_gpus(" + std::to_string(in.num_gpus) + ") <= layers(" +
+        std::to_string(layers) + ")");
+  if (!in.stage_layer_counts.empty()) {
+    int sum = 0;
+    bool positive = true;
+    for (int c : in.stage_layer_counts) {
+      sum += c;
+      positive = positive && c >= 1;
+    }
+    if (static_cast<int>(in.stage_layer_counts.size()) != in.num_gpus || sum != layers || !positive)
+      add("stage_layer_counts must have num_gpus(" + std::to_string(in.num_gpus) +
+          ") entries >= 1 summing to layers(" + std::to_string(layers) + ")");
+  }
+  if (!in.static_bytes_by_rank.empty() &&
+      static_cast<int>(in.static_bytes_by_rank.size()) != in.num_gpus)
+    add("static_bytes_by_rank has " + std::to_string(in.static_bytes_by_rank.size()) +
+        " entries, num_gpus is " + std::to_string(in.num_gpus));
+  if (in.static_bytes_per_rank < 0) add("static_bytes_per_rank must be >= 0");
+  if (in.logits_bytes < 0) add("logits_bytes must be >= 0");
+  if (bad_number(in.optimizer_step_s)) add("optimizer_step_s must be finite and >= 0");
+  if (in.bucket_bytes < 1 || in.first_bucket_bytes < 1)
+    add("bucket_bytes and first_bucket_bytes must be >= 1");
+  if (in.fsdp_prefetch_depth < 0) add("fsdp_prefetch_depth must be >= 0");
+  for (int i = 0; i < layers; ++i) {
+    const LayerCost& l = in.layers[i];
+    const std::string where = "layers[" + std::to_string(i) + "]";
+    if (bad_number(l.forward_s) || bad_number(l.backward_input_s) || bad_number(l.backward_weight_s))
+      add(where + ": durations must be finite and >= 0");
+    if (l.param_bytes < 0 || l.grad_bytes < 0 || l.saved_activation_bytes < 0 || l.checkpoint_bytes < 0)
+      add(where + ": byte counts must be >= 0");
+  }
+
+  // The cost functions each strategy calls.
+  auto need = [&](bool needed, const std::function<double(int64_t)>& f, const char* name) {
+    if (needed && !f) add(strategy + " needs " + name);
+  };
+  const Strategy s = in.strategy;
+  const bool sharded = s == Strategy::zero1 || s == Strategy::zero2 || s == Strategy::zero3 ||
+                       s == Strategy::fsdp || s == Strategy::fsdp_shard_grad_op ||
+                       s == Strategy::fsdp_hybrid || s == Strategy::zero2_offload ||
+                       s == Strategy::zero3_offload;
+  need(s == Strategy::ddp, in.all_reduce_s, "all_reduce_s");
+  need(sharded, in.reduce_scatter_s, "reduce_scatter_s");
+  need(sharded, in.all_gather_s, "all_gather_s");
+  need(s == Strategy::fsdp_hybrid, in.replica_all_reduce_s, "replica_all_reduce_s");
+  need(strategy_is_pipeline(s) && in.num_gpus > 1, in.p2p_s, "p2p_s");
+  need(s == Strategy::zero2_offload || s == Strategy::zero3_offload, in.host_copy_s, "host_copy_s");
+
+  if (problems.empty()) return;
+  std::ostringstream message;
+  message << "step inputs (" << strategy << "): ";
+  for (size_t i = 0; i < problems.size(); ++i) message << (i ? "; " : "") << problems[i];
+  fail_input(message.str());
+}
+
+}  // namespace ftplan::sim

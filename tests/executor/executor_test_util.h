@@ -1,0 +1,34 @@
+// Shared helpers for the executor tests: the tiny config (2 layers, hidden 64) and scratch folders.
+#pragma once
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+
+#include "planner/json_fields.h"
+#include "planner/model_spec.h"
+
+namespace ftexec_test {
+
+inline ftplan::ModelSpec tiny_spec() {
+  return ftplan::model_spec_from_json(ftplan::read_json_file(std::string(FTPLAN_SOURCE_DIR) + "/configs/models/tiny-test.json"),
+                                      "tiny-test");
+}
+
+// A fresh empty folder under the system temp dir, removed when the object dies.
+struct ScratchDir {
+  std::filesystem::path path;
+  explicit ScratchDir(const std::string& name)
+      : path(std::filesystem::temp_directory_path() / ("ftexec_test_" + std::to_string(::getpid()) + "_" + name)) {
+    std::filesystem::remove_all(path);
+    std::filesystem::create_directories(path);
+  }
+  ~ScratchDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  std::string operator/(const std::string& file) const { return (path / file).string(); }
+};
+
+}  // namespace ftexec_test
