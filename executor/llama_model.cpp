@@ -35,10 +35,14 @@ std::string shape_string(const std::vector<int64_t>& shape) { return shape_to_st
 // ---- building blocks ---------------------------------------------------------------------------
 
 // HF LlamaRMSNorm: the input upcast to fp32 (kept for backward), rstd in fp32 (kept), the normalised
-// input cast back (kept when the weight trains), times the weight.
+// input cast back (kept when the weight trains), times the weight. The mean of squares is written
+// as sum / h: in libtorch 1.13 `mean`'s backward keeps its whole input, so HF's x.pow(2).mean()
+// would keep x² (another 4·T·h bytes per norm) alive until backward; sum keeps only sizes, and
+// the result is the same (checked bit for bit on the tiny config).
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   const at::Tensor xf = x.to(at::kFloat);
-  const at::Tensor rstd = at::rsqrt(xf.pow(2).mean({-1}, /*keepdim=*/true).add(eps));
+  const double inv_h = 1.0 / static_cast<double>(x.size(-1));
+  const at::Tensor rstd = at::rsqrt(xf.pow(2).sum({-1}, /*keepdim=*/true).mul(inv_h).add(eps));
   return weight * (xf * rstd).to(x.scalar_type());
 }
 

@@ -216,6 +216,8 @@ nlohmann::json run_job(const ExecJob& job) {
   std::vector<double> losses, step_times;
   int64_t peak_bytes = 0, static_bytes = 0, weights = 0, gradients = 0, optimizer = 0;
   MemoryReading after;
+  compat::cuda_synchronize();
+  const int64_t baseline_bytes = cuda ? 0 : memory_read(job.device).current_bytes;  // tensors not ours (CPU)
   try {
     LlamaModel model = llama_create(job.model, mo, static_cast<uint64_t>(s.seed), job.load_weights.empty());
     if (!job.load_weights.empty()) llama_load_weights(model, job.load_weights);
@@ -240,14 +242,14 @@ nlohmann::json run_job(const ExecJob& job) {
       if (bar) print_progress(step + 1, s.steps, loss, dt);
     }
     after = memory_read(job.device);
-    static_bytes = after.current_bytes;
+    static_bytes = after.current_bytes - baseline_bytes;
     weights = trainer.weight_bytes();
     gradients = trainer.gradient_bytes();
     optimizer = trainer.optimizer_bytes();
     // CUDA: what the caching allocator held at its peak plus what lives outside it (context,
     // cuBLAS workspace): the figure the planner's total (with overhead) predicts.
     peak_bytes = cuda ? after.reserved_peak_bytes + std::max<int64_t>(0, after.device_used_bytes - after.reserved_peak_bytes)
-                      : after.peak_bytes;
+                      : after.peak_bytes - baseline_bytes;
 
     if (!job.save_dir.empty()) {
       if (s.method == ftplan::Method::lora) {
@@ -296,7 +298,7 @@ nlohmann::json run_job(const ExecJob& job) {
                           {{"weights", weights},
                            {"gradients", gradients},
                            {"optimizer", optimizer},
-                           {"activations", std::max<int64_t>(0, after.peak_bytes - static_bytes)}}}};
+                           {"activations", std::max<int64_t>(0, after.peak_bytes - baseline_bytes - static_bytes)}}}};
   if (cuda) {
     rank["cuda"] = {{"peak_allocated_bytes", after.peak_bytes},
                     {"peak_reserved_bytes", after.reserved_peak_bytes},

@@ -5,7 +5,6 @@
 namespace ftplan {
 
 FlopsPerToken flops_per_token(const ModelSpec& m, const TrainingSetup& setup) {
-  const ParamCounts p = count_params(m);
   double block_matmul = 0, lora = 0;
   for (const auto& lin : block_linears(m)) {
     block_matmul += 2.0 * lin.in_features * lin.out_features;
@@ -16,7 +15,6 @@ FlopsPerToken flops_per_token(const ModelSpec& m, const TrainingSetup& setup) {
   const double L = static_cast<double>(m.num_layers);
   const double attention = 4.0 * setup.seq_len * m.q_dim();  // QK^T and P·V, forward, one layer
   const double head = 2.0 * m.vocab_size * m.hidden_size;    // lm_head (tied or not)
-  (void)p;
   FlopsPerToken f;
   f.block_forward = L * (block_matmul + attention + lora);
   f.forward = f.block_forward + head;
@@ -25,6 +23,11 @@ FlopsPerToken flops_per_token(const ModelSpec& m, const TrainingSetup& setup) {
   f.backward = L * (2.0 * attention + (weights_train ? 2.0 : 1.0) * block_matmul + 2.0 * lora) +
                (weights_train ? 2.0 : 1.0) * head;
   f.model = f.forward + f.backward;
+  f.block_matmul = block_matmul;
+  f.block_attention = attention;
+  f.block_lora = lora;
+  f.head = head;
+  f.weights_train = weights_train;
   return f;
 }
 

@@ -19,6 +19,11 @@ struct FlopsPerToken {
   double backward = 0;
   double block_forward = 0;  // what full checkpointing recomputes (all blocks)
   double model = 0;          // forward + backward, no recompute: the MFU numerator
+  // The pieces, forward, per token: one block's matmuls, attention scores and LoRA adapters, and
+  // the lm_head. Backward per block: input gradients matmul + 2·attention + lora, weight gradients
+  // matmul (when weights train) + lora.
+  double block_matmul = 0, block_attention = 0, block_lora = 0, head = 0;
+  bool weights_train = false;
 };
 
 FlopsPerToken flops_per_token(const ModelSpec& model, const TrainingSetup& setup);

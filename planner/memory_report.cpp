@@ -1,5 +1,6 @@
 #include "planner/memory_report.h"
 
+#include <algorithm>
 #include <iomanip>
 #include <sstream>
 
@@ -84,10 +85,13 @@ std::string memory_report_table(const MemoryReport& r) {
       << ", seq " << r.setup.seq_len << ", micro-batch " << r.candidate.micro_batch << ", checkpointing "
       << to_string(r.candidate.checkpointing) << ", " << to_string(r.candidate.attention) << " attention\n";
   out << "memory per GPU, GiB (2^30 bytes)\n\n";
-  const int label_w = 17, col_w = 12;
-  auto cell = [&](const std::string& s) { out << std::setw(col_w) << s; };
+  const int label_w = 17;
+  std::vector<int> widths;  // each column as wide as its strategy's name
+  for (const auto& row : r.rows) widths.push_back(std::max<int>(8, to_string(row.estimate.strategy).size()) + 2);
+  size_t column = 0;
+  auto cell = [&](const std::string& s) { out << std::setw(widths[column++ % widths.size()]) << s; };
   out << std::left << std::setw(label_w) << "" << std::right;
-  for (const auto& row : r.rows) cell(to_string(row.estimate.strategy).substr(0, col_w - 1));
+  for (const auto& row : r.rows) cell(to_string(row.estimate.strategy));
   out << "\n";
   auto gib = [](int64_t b) { return format_fixed(b / double(1LL << 30), 2); };
   using Field = int64_t MemoryBreakdown::*;

@@ -1,6 +1,7 @@
 #include "planner/step_time.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "planner/precision.h"
 
@@ -24,7 +25,49 @@ PlanContext prepare_plan(const ModelSpec& model, const HardwareSpec& hw, const T
   c.trainable_params = m.trainable_params;
   c.trainable_weight_bytes = m.trainable_params * trainable_param_bytes(setup.precision, setup.optimizer).weight;
   c.nf4_params = trainable_params(model, setup).quantized;
+  auto whole = [](double bytes) { return static_cast<int64_t>(std::ceil(bytes)); };
+  c.embedding_weight_bytes = whole(m.embedding_weight_bytes);
+  c.block_weight_bytes = whole(m.layer_weight_bytes);
+  c.head_weight_bytes = whole(m.head_weight_bytes);
+  c.embedding_grad_bytes = whole(m.embedding_grad_bytes);
+  c.block_grad_bytes = whole(m.layer_grad_bytes);
+  c.head_grad_bytes = whole(m.head_grad_bytes);
+  c.weight_bytes = c.embedding_weight_bytes + L * c.block_weight_bytes + c.head_weight_bytes;
+  c.grad_bytes = c.embedding_grad_bytes + L * c.block_grad_bytes + c.head_grad_bytes;
   return c;
+}
+
+double per_unit_collective_s(const PlanContext& ctx, Collective c, bool weights, const Interconnect& net) {
+  const double L = static_cast<double>(ctx.memory.model->num_layers);
+  if (weights)
+    return collective_time_s(net, c, ctx.embedding_weight_bytes) + L * collective_time_s(net, c, ctx.block_weight_bytes) +
+           collective_time_s(net, c, ctx.head_weight_bytes);
+  return collective_time_s(net, c, ctx.embedding_grad_bytes) + L * collective_time_s(net, c, ctx.block_grad_bytes) +
+         collective_time_s(net, c, ctx.head_grad_bytes);
+}
+
+BucketedTime ddp_bucketed_all_reduce(const PlanContext& ctx, const StepOptions& opt) {
+  BucketedTime t;
+  const int64_t total = static_cast<int64_t>(ctx.grad_bytes);
+  if (total <= 0) return t;
+  auto ar = [&](int64_t bytes) { return collective_time_s(ctx.net, Collective::all_reduce, static_cast<double>(bytes)); };
+  const int64_t first = std::min(total, opt.ddp_first_bucket_bytes);
+  t.total_s = ar(first);
+  t.last_s = t.total_s;
+  t.buckets = 1;
+  const int64_t rest = total - first;
+  const int64_t full = rest / opt.ddp_bucket_bytes, remainder = rest % opt.ddp_bucket_bytes;
+  if (full > 0) {
+    t.total_s += full * ar(opt.ddp_bucket_bytes);
+    t.last_s = ar(opt.ddp_bucket_bytes);
+    t.buckets += full;
+  }
+  if (remainder > 0) {
+    t.total_s += ar(remainder);
+    t.last_s = ar(remainder);
+    t.buckets += 1;
+  }
+  return t;
 }
 
 StepEstimate estimate_step(const PlanContext& ctx, const Candidate& cand, const StepOptions& opt) {
@@ -58,19 +101,20 @@ StepEstimate estimate_step(const PlanContext& ctx, const Candidate& cand, const 
   switch (cand.strategy) {
     case Strategy::single: break;
     case Strategy::ddp: {
-      const double ar = time(Collective::all_reduce, ctx.grad_bytes);
-      comm = ar;
-      per_step_exposed = exposed(ar, backward, time(Collective::all_reduce, std::min(opt.ddp_bucket_bytes, ctx.grad_bytes)));
+      const BucketedTime ar = ddp_bucketed_all_reduce(ctx, opt);
+      comm = ar.total_s;
+      per_step_exposed = exposed(ar.total_s, backward, ar.last_s);
       bytes = wire_bytes(Collective::all_reduce, ctx.grad_bytes, N);
       tokens *= N;
       break;
     }
     case Strategy::zero1:
     case Strategy::zero2: {
-      const double rs = time(Collective::reduce_scatter, ctx.grad_bytes);
-      const double ag = time(Collective::all_gather, ctx.trainable_weight_bytes);
+      // Per unit: gradients reduce-scattered as backward produces them; updated parameters gathered.
+      const double rs = per_unit_collective_s(ctx, Collective::reduce_scatter, false, net);
+      const double ag = per_unit_collective_s(ctx, Collective::all_gather, false, net);
       const double reductions = cand.strategy == Strategy::zero1 ? 1.0 : G;
-      const double rs_exposed = exposed(rs, backward, time(Collective::reduce_scatter, std::min(opt.ddp_bucket_bytes, ctx.grad_bytes)));
+      const double rs_exposed = exposed(rs, backward, time(Collective::reduce_scatter, ctx.embedding_grad_bytes ? ctx.embedding_grad_bytes : ctx.block_grad_bytes));
       comm = reductions * rs + ag;
       per_step_exposed = reductions * rs_exposed + ag;
       bytes = reductions * wire_bytes(Collective::reduce_scatter, ctx.grad_bytes, N) +
@@ -90,13 +134,20 @@ StepEstimate estimate_step(const PlanContext& ctx, const Candidate& cand, const 
       const int64_t shard = hybrid ? net.gpus_per_node : N;
       auto stime = [&](Collective c, double b) { return collective_time_s(shard_net, c, b); };
       const double gathers = cand.strategy == Strategy::fsdp_shard_grad_op ? 1.0 : 2.0;  // forward, backward
-      double mb_comm = gathers * stime(Collective::all_gather, ctx.weight_bytes) + stime(Collective::reduce_scatter, ctx.grad_bytes);
-      double mb_bytes = gathers * wire_bytes(Collective::all_gather, ctx.weight_bytes, shard) +
+      // Each unit is gathered before its forward and again before its backward (ZeRO-3: 1.5x DDP's
+      // volume), except that PyTorch FSDP keeps its last (root) unit gathered from forward into backward.
+      const double regathers = cand.strategy == Strategy::fsdp || hybrid ? 1.0 : 0.0;
+      double mb_comm = gathers * per_unit_collective_s(ctx, Collective::all_gather, true, shard_net) -
+                       regathers * stime(Collective::all_gather, ctx.head_weight_bytes) +
+                       per_unit_collective_s(ctx, Collective::reduce_scatter, false, shard_net);
+      double mb_bytes = wire_bytes(Collective::all_gather, gathers * ctx.weight_bytes - regathers * ctx.head_weight_bytes, shard) +
                         wire_bytes(Collective::reduce_scatter, ctx.grad_bytes, shard);
       if (cand.strategy == Strategy::zero3_offload) {  // parameters come up from the host for each use
         mb_comm += gathers * ctx.weight_bytes / shard / net.host_bandwidth_bytes_per_s;
       }
-      const double unhidden = stime(Collective::all_gather, ctx.layer_weight_bytes) + stime(Collective::reduce_scatter, ctx.layer_grad_bytes);
+      // The first unit's gather and the last unit's reduce-scatter have no compute to hide behind.
+      const double unhidden = stime(Collective::all_gather, ctx.embedding_weight_bytes) +
+                              stime(Collective::reduce_scatter, ctx.embedding_grad_bytes ? ctx.embedding_grad_bytes : ctx.block_grad_bytes);
       comm = G * mb_comm;
       per_step_exposed = G * exposed(mb_comm, micro, unhidden);
       bytes = G * mb_bytes;
@@ -113,12 +164,12 @@ StepEstimate estimate_step(const PlanContext& ctx, const Candidate& cand, const 
       break;
     }
     case Strategy::zero2_offload: {
-      const double rs = time(Collective::reduce_scatter, ctx.grad_bytes);
+      const double rs = per_unit_collective_s(ctx, Collective::reduce_scatter, false, net);
       const double down = ctx.grad_bytes / N / net.host_bandwidth_bytes_per_s;  // gradient shard to host
       const double up = ctx.trainable_weight_bytes / N / net.host_bandwidth_bytes_per_s;
-      const double ag = time(Collective::all_gather, ctx.trainable_weight_bytes);
+      const double ag = per_unit_collective_s(ctx, Collective::all_gather, false, net);
       comm = G * (rs + down) + up + ag;
-      per_step_exposed = G * exposed(rs + down, backward, time(Collective::reduce_scatter, std::min(opt.ddp_bucket_bytes, ctx.grad_bytes))) + up + ag;
+      per_step_exposed = G * exposed(rs + down, backward, time(Collective::reduce_scatter, ctx.block_grad_bytes)) + up + ag;
       bytes = G * wire_bytes(Collective::reduce_scatter, ctx.grad_bytes, N) + wire_bytes(Collective::all_gather, ctx.trainable_weight_bytes, N);
       optimizer = ctx.trainable_params / double(N) / kCpuAdamParamsPerS;
       tokens *= N;

@@ -32,6 +32,10 @@ struct PlanContext {
   double grad_bytes = 0;          // all trainable gradients as communicated
   double layer_weight_bytes = 0;  // one block's weights
   double layer_grad_bytes = 0;
+  // Per unit (embedding, one block, head) as communicated, whole bytes: the closed form sums its
+  // collectives per unit, as FSDP/ZeRO issue them and as the simulator plays them.
+  int64_t embedding_weight_bytes = 0, block_weight_bytes = 0, head_weight_bytes = 0;
+  int64_t embedding_grad_bytes = 0, block_grad_bytes = 0, head_grad_bytes = 0;
   int64_t nf4_params = 0;
   int64_t trainable_params = 0;
   int64_t num_gpus = 1;
@@ -43,7 +47,8 @@ PlanContext prepare_plan(const ModelSpec& model, const HardwareSpec& hw, const T
 
 struct StepOptions {
   bool overlap = true;                          // false: every communication is exposed
-  double ddp_bucket_bytes = 25.0 * (1 << 20);   // PyTorch DDP's bucket_cap_mb
+  int64_t ddp_bucket_bytes = INT64_C(25) << 20;     // PyTorch DDP's bucket_cap_mb
+  int64_t ddp_first_bucket_bytes = INT64_C(1) << 20; // torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
 };
 
 struct StepEstimate {
@@ -60,6 +65,18 @@ struct StepEstimate {
   double comm_bytes_per_step = 0;  // bytes each GPU sends per optimizer step
   double flops_per_step = 0;       // model FLOPs per optimizer step, all GPUs
 };
+
+// One collective issued per unit (embedding, every block, head): the sum of their times.
+double per_unit_collective_s(const PlanContext& context, Collective c, bool weights, const Interconnect& net);
+
+// DDP's gradient all-reduce in buckets: the first of ddp_first_bucket_bytes, then ddp_bucket_bytes
+// each, then the remainder (a bucket may span units); returns the sum of their times and the last
+// bucket's time (the one backward cannot hide).
+struct BucketedTime {
+  double total_s = 0, last_s = 0;
+  int64_t buckets = 0;
+};
+BucketedTime ddp_bucketed_all_reduce(const PlanContext& context, const StepOptions& options);
 
 StepEstimate estimate_step(const PlanContext& context, const Candidate& candidate, const StepOptions& options = {});
 

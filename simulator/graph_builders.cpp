@@ -60,8 +60,8 @@ struct Builder {
     allocs.erase(std::remove_if(allocs.begin(), allocs.end(), [](const Allocation& a) { return a.bytes == 0; }),
                  allocs.end());
     for (const Allocation& a : allocs) {  // what graph_add_allocation does, without moving each one
-      if (a.alloc_op != kNoOp) g.graph[a.alloc_op].allocated_bytes += a.bytes;
-      if (a.free_op != kNoOp) g.graph[a.free_op].freed_bytes += a.bytes;
+      if (a.alloc_op != kNoOp) (*g.graph)[a.alloc_op].allocated_bytes += a.bytes;
+      if (a.free_op != kNoOp) (*g.graph)[a.free_op].freed_bytes += a.bytes;
     }
     g.allocations = std::move(allocs);
     if (!in.overlap) graph_serialize_per_rank(g);
@@ -201,6 +201,8 @@ OpGraph build_data_parallel_graph(const StepInputs& in) {
   const bool full_shard =
       strategy_in(s, {Strategy::zero3, Strategy::fsdp, Strategy::fsdp_hybrid, Strategy::zero3_offload});
   const bool gathers = full_shard || s == Strategy::fsdp_shard_grad_op;
+  // PyTorch FSDP does not reshard the last (root) unit after forward; DeepSpeed ZeRO-3 regathers it.
+  const bool keeps_last = strategy_in(s, {Strategy::fsdp, Strategy::fsdp_hybrid});
   const bool reduce_every_mb =
       strategy_in(s, {Strategy::zero2, Strategy::zero2_offload, Strategy::zero3, Strategy::zero3_offload,
                       Strategy::fsdp, Strategy::fsdp_shard_grad_op, Strategy::fsdp_hybrid});
@@ -222,7 +224,7 @@ OpGraph build_data_parallel_graph(const StepInputs& in) {
   units.reserve(static_cast<std::size_t>(2) * layers * m);
   for (int k = 0; k < m; ++k) {
     for (int i = 0; i < layers; ++i) units.push_back({i, k, true, gathers});
-    for (int i = layers - 1; i >= 0; --i) units.push_back({i, k, false, full_shard && i != layers - 1});
+    for (int i = layers - 1; i >= 0; --i) units.push_back({i, k, false, full_shard && !(keeps_last && i == layers - 1)});
   }
   std::vector<OpId> gather_op(units.size(), kNoOp);
   std::vector<std::size_t> gather_alloc(units.size(), kNone);
@@ -258,7 +260,7 @@ OpGraph build_data_parallel_graph(const StepInputs& in) {
       last = ops.weight;
     }
     graph_add_edge(b.g, gather_op[j], first);
-    if (u.forward && gather_alloc[j] != kNone && (!full_shard || u.layer == layers - 1))
+    if (u.forward && gather_alloc[j] != kNone && (!full_shard || (keeps_last && u.layer == layers - 1)))
       kept_gather[u.layer] = gather_alloc[j];
     else
       b.free_at(gather_alloc[j], last);

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -61,13 +62,14 @@ struct Allocation {
 };
 
 // Vertex ids are creation order, which is also the scheduler's priority (lower first) among ops
-// ready on the same resource; builders create ops in program order. Edges are never removed, so
-// the edge list is a vector too (listS would allocate a node per edge).
-using OpGraphStorage = boost::adjacency_list<boost::vecS, boost::vecS, boost::bidirectionalS, Op,
-                                             boost::no_property, boost::no_property, boost::vecS>;
+// ready on the same resource; builders create ops in program order. Out-edges only (directedS):
+// the scheduler counts in-degrees in one pass, which saves an in-edge vector per op.
+using OpGraphStorage = boost::adjacency_list<boost::vecS, boost::vecS, boost::directedS, Op>;
 
 struct OpGraph {
-  OpGraphStorage graph;
+  // Held by pointer: Boost 1.74's adjacency_list has no move constructor and its swap() copies,
+  // so a graph held by value would be copied op by op wherever an OpGraph is returned.
+  std::unique_ptr<OpGraphStorage> graph = std::make_unique<OpGraphStorage>();
   std::vector<Allocation> allocations;
   int num_ranks = 1;               // ranks simulated; every op has rank < num_ranks
   int num_ranks_represented = 1;   // GPUs they stand for, e.g. 64 for FSDP simulated on rank 0
@@ -87,5 +89,7 @@ double graph_critical_path_s(const OpGraph& g);
 // Adds an edge from each op to the next one created on the same rank: every op waits for the
 // previous one (the no-overlap reference). Requires creation order to respect the dependencies.
 void graph_serialize_per_rank(OpGraph& g);
+// Number of dependencies of each op (in-edges), by OpId.
+std::vector<std::size_t> graph_in_degrees(const OpGraph& g);
 
 }  // namespace ftplan::sim

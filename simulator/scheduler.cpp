@@ -91,13 +91,13 @@ Schedule schedule_run(const OpGraph& g) {
   const std::size_t n = graph_op_count(g);
   const std::size_t resources = static_cast<std::size_t>(g.num_ranks) * kStreamCount;
   auto resource_of = [&](OpId v) {
-    const Op& op = g.graph[v];
+    const Op& op = (*g.graph)[v];
     return static_cast<std::size_t>(op.rank) * kStreamCount + static_cast<std::size_t>(op.stream);
   };
 
   Schedule out;
   out.ops.assign(n, OpTiming{});
-  std::vector<std::size_t> pending(n);
+  std::vector<std::size_t> pending = graph_in_degrees(g);
   using MinQueue = std::priority_queue<OpId, std::vector<OpId>, std::greater<OpId>>;
   std::vector<MinQueue> ready(resources);
   std::vector<char> busy(resources, 0), dirty(resources, 1);
@@ -107,7 +107,6 @@ Schedule schedule_run(const OpGraph& g) {
   std::priority_queue<Event, std::vector<Event>, std::greater<Event>> running;
 
   for (OpId v = 0; v < n; ++v) {
-    pending[v] = boost::in_degree(v, g.graph);
     if (pending[v] == 0) ready[resource_of(v)].push(v);
   }
   auto dispatch = [&](double now) {
@@ -117,7 +116,7 @@ Schedule schedule_run(const OpGraph& g) {
       const OpId v = ready[r].top();
       ready[r].pop();
       busy[r] = 1;
-      out.ops[v] = {now, now + g.graph[v].duration_s};
+      out.ops[v] = {now, now + (*g.graph)[v].duration_s};
       running.push({out.ops[v].end_s, v});
     }
     dirty_list.clear();
@@ -140,8 +139,8 @@ Schedule schedule_run(const OpGraph& g) {
       const std::size_t r = resource_of(v);
       busy[r] = 0;
       mark(r);
-      for (auto [e, end] = boost::out_edges(v, g.graph); e != end; ++e) {
-        const OpId w = boost::target(*e, g.graph);
+      for (auto [e, end] = boost::out_edges(v, *g.graph); e != end; ++e) {
+        const OpId w = boost::target(*e, *g.graph);
         if (--pending[w] == 0) {
           ready[resource_of(w)].push(w);
           mark(resource_of(w));
@@ -162,7 +161,7 @@ Schedule schedule_run(const OpGraph& g) {
   double pass_end = 0.0;
   out.ranks.assign(ranks, RankTimeline{});
   for (OpId v = 0; v < n; ++v) {
-    const Op& op = g.graph[v];
+    const Op& op = (*g.graph)[v];
     const Interval iv{out.ops[v].start_s, out.ops[v].end_s};
     RankTimeline& rt = out.ranks[op.rank];
     rt.finish_s = std::max(rt.finish_s, iv.second);

@@ -1,0 +1,120 @@
+#include "planner/compare_report.h"
+
+#include <algorithm>
+#include <cmath>
+#include <iomanip>
+#include <sstream>
+
+#include "planner/errors.h"
+#include "planner/format.h"
+
+namespace ftplan {
+namespace {
+
+bool has_number(const nlohmann::json& j, const char* key) { return j.is_object() && j.contains(key) && j[key].is_number(); }
+
+void add_row(nlohmann::json& rows, const std::string& figure, const std::string& unit, double predicted, double measured) {
+  nlohmann::json row = {{"figure", figure}, {"unit", unit}, {"predicted", predicted}, {"measured", measured}};
+  row["error_pct"] = predicted != 0.0 ? nlohmann::json(100.0 * (measured - predicted) / predicted) : nlohmann::json(nullptr);
+  rows.push_back(row);
+}
+
+// The largest value of ranks[i][path...] over the ranks that have it; NaN when none has it.
+double max_over_ranks(const nlohmann::json& ranks, const char* key, const char* sub = nullptr) {
+  double best = NAN;
+  for (const auto& r : ranks) {
+    const nlohmann::json* v = &r;
+    if (sub) {
+      if (!r.contains(sub) || !r[sub].is_object()) continue;
+      v = &r[sub];
+    }
+    if (!has_number(*v, key)) continue;
+    const double x = (*v)[key].get<double>();
+    best = std::isnan(best) ? x : std::max(best, x);
+  }
+  return best;
+}
+
+std::string format_value(double v, const std::string& unit) {
+  if (unit == "bytes") return format_bytes(v);
+  if (unit == "s") return format_fixed(v, v < 1 ? 4 : 3) + " s";
+  if (unit == "tokens/s") return format_fixed(v, 1) + " tokens/s";
+  if (unit == "fraction") return format_fixed(100.0 * v, 2) + " %";
+  return format_fixed(v, 3);
+}
+
+}  // namespace
+
+nlohmann::json compare_json(const nlohmann::json& plan, const nlohmann::json& measured) {
+  if (!plan.is_object() || !plan.contains("predicted") || !plan["predicted"].is_object())
+    fail_input("plan: no \"predicted\" object (write the plan with `ftplan plan -o plan.json`)");
+  if (!measured.is_object()) fail_input("measured: expected a JSON object (written by `ftexec run --out`)");
+  const auto& p = plan["predicted"];
+  nlohmann::json rows = nlohmann::json::array();
+  nlohmann::json notes = nlohmann::json::array();
+
+  const nlohmann::json ranks = measured.contains("ranks") && measured["ranks"].is_array() ? measured["ranks"]
+                                                                                          : nlohmann::json::array();
+  if (p.contains("memory_per_gpu_bytes") && p["memory_per_gpu_bytes"].is_object() && !ranks.empty()) {
+    const auto& m = p["memory_per_gpu_bytes"];
+    auto pred = [&](const char* k) { return has_number(m, k) ? m[k].get<double>() : 0.0; };
+    const double peak = max_over_ranks(ranks, "peak_memory_bytes");
+    if (has_number(m, "total") && !std::isnan(peak)) add_row(rows, "peak memory per device", "bytes", pred("total"), peak);
+    for (const char* k : {"weights", "gradients", "optimizer"}) {
+      const double v = max_over_ranks(ranks, k, "components");
+      if (has_number(m, k) && !std::isnan(v)) add_row(rows, std::string("  ") + k, "bytes", pred(k), v);
+    }
+    const double act = max_over_ranks(ranks, "activations", "components");
+    if (!std::isnan(act))
+      add_row(rows, "  activations + loss + temporary", "bytes",
+              pred("activations") + pred("logits_loss") + pred("temporary"), act);
+    if (pred("overhead") > 0)
+      notes.push_back("the predicted total includes " + format_bytes(pred("overhead")) +
+                      " framework overhead, which the measured peak holds only on CUDA (device memory in use)");
+    if (ranks.size() > 1) notes.push_back("measured: the most loaded of " + std::to_string(ranks.size()) + " ranks");
+  }
+  for (const auto& [key, unit] : std::vector<std::pair<const char*, const char*>>{
+           {"step_time_s", "s"}, {"tokens_per_s", "tokens/s"}, {"mfu", "fraction"}}) {
+    if (has_number(p, key) && has_number(measured, key))
+      add_row(rows, key, unit, p[key].get<double>(), measured[key].get<double>());
+  }
+  if (has_number(p, "comm_bytes_per_step")) {
+    double comm = has_number(measured, "comm_bytes_per_step") ? measured["comm_bytes_per_step"].get<double>()
+                                                              : max_over_ranks(ranks, "comm_bytes_per_step");
+    if (!std::isnan(comm)) add_row(rows, "comm_bytes_per_step", "bytes", p["comm_bytes_per_step"].get<double>(), comm);
+  }
+  // Say where the run differed from the plan (e.g. eager attention on a libtorch without SDPA).
+  if (plan.contains("candidate") && measured.contains("candidate")) {
+    for (const char* k : {"strategy", "micro_batch", "checkpointing", "attention"}) {
+      const auto& a = plan["candidate"];
+      const auto& b = measured["candidate"];
+      if (a.contains(k) && b.contains(k) && a[k] != b[k])
+        notes.push_back(std::string("the run used ") + k + " " + b[k].dump() + ", the plan " + a[k].dump());
+    }
+  }
+  if (measured.contains("notes") && measured["notes"].is_array())
+    for (const auto& n : measured["notes"]) notes.push_back("ftexec: " + (n.is_string() ? n.get<std::string>() : n.dump()));
+  if (measured.contains("device") && measured["device"].is_string())
+    notes.push_back("measured on " + measured["device"].get<std::string>() +
+                    (measured.contains("torch_version") ? " with libtorch " + measured["torch_version"].get<std::string>() : ""));
+  return {{"rows", rows}, {"notes", notes}};
+}
+
+std::string compare_report(const nlohmann::json& plan, const nlohmann::json& measured) {
+  const nlohmann::json c = compare_json(plan, measured);
+  std::ostringstream out;
+  out << std::left << std::setw(34) << "figure" << std::right << std::setw(20) << "predicted" << std::setw(20)
+      << "measured" << std::setw(11) << "error %" << "\n";
+  for (const auto& r : c["rows"]) {
+    const std::string unit = r["unit"];
+    out << std::left << std::setw(34) << r["figure"].get<std::string>() << std::right << std::setw(20)
+        << format_value(r["predicted"].get<double>(), unit) << std::setw(20) << format_value(r["measured"].get<double>(), unit)
+        << std::setw(11) << (r["error_pct"].is_null() ? std::string("n/a") : format_fixed(r["error_pct"].get<double>(), 1))
+        << "\n";
+  }
+  if (c["rows"].empty()) out << "(no figure is in both files)\n";
+  for (const auto& n : c["notes"]) out << "note: " << n.get<std::string>() << "\n";
+  return out.str();
+}
+
+}  // namespace ftplan

@@ -1,0 +1,23 @@
+// `ftplan compare plan.json measured.json`: the planner's prediction beside what ftexec measured,
+// one row per figure both files have, with the error (measured − predicted) / predicted in %.
+// Computed once (compare_json), printed as a table (compare_report). No LibTorch.
+//   memory: the peak per device and its components (weights, gradients, optimizer; the planner's
+//           activations + logits_loss + temporary against the measured peak − static bytes);
+//           the most loaded rank when several are measured
+//   time:   step_time_s, tokens_per_s, mfu; comm_bytes_per_step when the run measured it
+#pragma once
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace ftplan {
+
+// {"rows": [{"figure", "unit", "predicted", "measured", "error_pct" (null when predicted is 0)}],
+//  "notes": [..]}; InputError when either file lacks the object it must have.
+nlohmann::json compare_json(const nlohmann::json& plan, const nlohmann::json& measured);
+
+// The rows as a table "figure | predicted | measured | error %", then the notes.
+std::string compare_report(const nlohmann::json& plan, const nlohmann::json& measured);
+
+}  // namespace ftplan

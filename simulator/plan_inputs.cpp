@@ -1,0 +1,113 @@
+#include "simulator/plan_inputs.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "planner/collectives.h"
+#include "planner/compute_model.h"
+
+namespace ftplan::sim {
+
+StepInputs step_inputs_from_plan(const PlanContext& ctx, const Candidate& c, bool overlap) {
+  const ModelSpec& model = *ctx.memory.model;
+  const HardwareSpec& hw = *ctx.memory.hw;
+  const TrainingSetup& setup = *ctx.memory.setup;
+  const PreparedJob& mem = ctx.memory;
+  const int64_t B = c.micro_batch;
+  const double T = static_cast<double>(B) * setup.seq_len;
+  const double seconds_per_flop = 1.0 / (ctx.peak_flops * ctx.efficiency);
+  const FlopsPerToken& f = ctx.flops;
+
+  StepInputs in;
+  in.strategy = c.strategy;
+  const bool pipeline = strategy_is_pipeline(c.strategy);
+  in.num_gpus = static_cast<int>(c.strategy == Strategy::single ? 1
+                                 : pipeline ? std::min<int64_t>(ctx.num_gpus, model.num_layers)
+                                            : ctx.num_gpus);
+  in.micro_batches = static_cast<int>(setup.grad_accum);
+  in.checkpointing = c.checkpointing == Checkpointing::full;
+  in.overlap = overlap;
+
+  // QLoRA dequantises each block's NF4 weights before its forward and again before its backward.
+  const double block_dequant = ctx.nf4_params ? nf4_dequant_time_s(ctx.nf4_params / model.num_layers, hw) : 0.0;
+  const int64_t block_input = B * mem.block_input_bytes_per_sample;
+
+  LayerCost embedding;
+  embedding.name = "embedding";
+  embedding.param_bytes = ctx.embedding_weight_bytes;
+  embedding.grad_bytes = ctx.embedding_grad_bytes;
+  embedding.checkpoint_bytes = block_input;
+  embedding.checkpointable = false;
+  in.layers.push_back(embedding);
+
+  for (int64_t l = 0; l < model.num_layers; ++l) {
+    LayerCost block;
+    block.name = "block " + std::to_string(l);
+    block.forward_s = (f.block_matmul + f.block_attention + f.block_lora) * T * seconds_per_flop + block_dequant;
+    block.backward_input_s = (f.block_matmul + 2 * f.block_attention + f.block_lora) * T * seconds_per_flop + block_dequant;
+    block.backward_weight_s = ((f.weights_train ? f.block_matmul : 0.0) + f.block_lora) * T * seconds_per_flop;
+    block.param_bytes = ctx.block_weight_bytes;
+    block.grad_bytes = ctx.block_grad_bytes;
+    block.saved_activation_bytes = B * mem.block_bytes_per_sample[static_cast<int>(c.attention)];
+    block.checkpoint_bytes = block_input;
+    in.layers.push_back(block);
+  }
+
+  LayerCost head;
+  head.name = "head+loss";
+  head.forward_s = f.head * T * seconds_per_flop;
+  head.backward_input_s = f.head * T * seconds_per_flop;
+  head.backward_weight_s = f.weights_train ? f.head * T * seconds_per_flop : 0.0;
+  head.param_bytes = ctx.head_weight_bytes;
+  head.grad_bytes = ctx.head_grad_bytes;
+  head.saved_activation_bytes = B * mem.head_bytes_per_sample;
+  head.checkpoint_bytes = block_input;
+  head.checkpointable = false;
+  in.layers.push_back(head);
+  in.logits_bytes = B * mem.logits_bytes_per_sample;
+
+  // What stays resident all step: the memory model's weights, gradients, optimizer states and
+  // overhead; DDP's bucket copy and ZeRO-1/2's buckets too. The simulator itself allocates the
+  // gathered units and unsharded gradients of ZeRO-3/FSDP, and the activations.
+  const MemoryEstimate e = estimate_memory(mem, c, ctx.num_gpus, false);
+  const MemoryBreakdown& m = e.per_gpu;
+  int64_t resident = m.weights + m.optimizer + m.overhead + mem.dequant_bytes;
+  const bool sim_allocates_grads = c.strategy == Strategy::zero2 || c.strategy == Strategy::zero3 ||
+                                   c.strategy == Strategy::fsdp || c.strategy == Strategy::fsdp_hybrid ||
+                                   c.strategy == Strategy::fsdp_shard_grad_op || c.strategy == Strategy::zero2_offload ||
+                                   c.strategy == Strategy::zero3_offload;
+  resident += m.gradients;
+  if (!sim_allocates_grads && !pipeline) resident += m.temporary - mem.dequant_bytes;
+  in.static_bytes_per_rank = resident;
+  if (pipeline) {
+    // Stage k: its blocks, the embedding on the first, the head on the last.
+    const int p = in.num_gpus;
+    for (int k = 0; k < p; ++k) {
+      const int64_t layers = model.num_layers / p + (k < model.num_layers % p ? 1 : 0);
+      in.stage_layer_counts.push_back(static_cast<int>(layers + (k == 0 ? 1 : 0) + (k == p - 1 ? 1 : 0)));
+      double bytes = layers * (mem.layer_weight_bytes + mem.layer_grad_bytes + mem.layer_opt_bytes);
+      if (k == 0) bytes += mem.embedding_weight_bytes + mem.embedding_grad_bytes + mem.embedding_opt_bytes;
+      if (k == p - 1)
+        bytes += mem.head_weight_bytes + mem.tied_head_weight_bytes + mem.head_grad_bytes + mem.head_opt_bytes;
+      in.static_bytes_by_rank.push_back(static_cast<int64_t>(std::ceil(bytes)) + m.overhead + mem.dequant_bytes);
+    }
+  }
+  in.optimizer_step_s = estimate_step(ctx, c).optimizer_s;
+
+  // Communication: the planner's α-β formulas over the job's interconnect.
+  const Interconnect net = ctx.net;
+  Interconnect shard_net = net;
+  if (c.strategy == Strategy::fsdp_hybrid) shard_net.nodes = 1, shard_net.num_gpus = net.gpus_per_node;
+  in.all_reduce_s = [net](int64_t b) { return collective_time_s(net, Collective::all_reduce, double(b)); };
+  in.reduce_scatter_s = [shard_net](int64_t b) { return collective_time_s(shard_net, Collective::reduce_scatter, double(b)); };
+  in.all_gather_s = [shard_net](int64_t b) { return collective_time_s(shard_net, Collective::all_gather, double(b)); };
+  const int64_t shard = net.gpus_per_node;
+  in.replica_all_reduce_s = [net, shard](int64_t b) {
+    return collective_time_s(Collective::all_reduce, double(b) / shard, net.nodes, net.inter_bandwidth_bytes_per_s, net.latency_s);
+  };
+  in.p2p_s = [net](int64_t b) { return collective_time_s(net, Collective::send_recv, double(b)); };
+  in.host_copy_s = [net](int64_t b) { return double(b) / net.host_bandwidth_bytes_per_s; };
+  return in;
+}
+
+}  // namespace ftplan::sim

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Bad input (issue 2, item 6): each case exits with code exactly 2, prints exactly one line on
+# stderr that names the offending field, and never crashes (no "terminate", no "Aborted").
+# Usage: bash bad_input.sh <path-to-ftplan>
+set -u
+FTPLAN=${1:?usage: bad_input.sh <path-to-ftplan>}
+: "${FTPLAN_DATA_DIR:?FTPLAN_DATA_DIR must point at the repository root}"
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+failures=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+
+# expect_bad NAME FIELD ARGS...: ftplan ARGS must exit 2 with one stderr line containing FIELD.
+expect_bad() {
+  local name=$1 field=$2
+  shift 2
+  "$FTPLAN" "$@" >"$TMP/out" 2>"$TMP/err"
+  local rc=$?
+  local lines
+  lines=$(wc -l <"$TMP/err")
+  [ "$rc" -eq 2 ] || fail "$name: exit code $rc, expected 2 (ftplan $*); stderr: $(cat "$TMP/err")"
+  [ "$lines" -eq 1 ] || fail "$name: $lines line(s) on stderr, expected exactly 1: $(cat "$TMP/err")"
+  grep -qF -- "$field" "$TMP/err" || fail "$name: stderr does not name '$field': $(cat "$TMP/err")"
+  if grep -qiE "terminate|aborted|core dumped|internal error" "$TMP/err"; then
+    fail "$name: crashed: $(cat "$TMP/err")"
+  fi
+}
+
+MODEL_JSON="$FTPLAN_DATA_DIR/configs/models/llama-3-8b.json"
+JOB_JSON="$FTPLAN_DATA_DIR/configs/jobs/tinyllama-lora-4x-rtx6000ada.json"
+
+# Malformed JSON: a job file and a model config cut short.
+printf '{"model": "llama-3-8b",\n' >"$TMP/truncated-job.json"
+expect_bad "malformed job file" "truncated-job.json" memory "$TMP/truncated-job.json"
+head -c 200 "$MODEL_JSON" >"$TMP/truncated-model.json"
+expect_bad "malformed model config" "truncated-model.json" memory --model "$TMP/truncated-model.json"
+
+# Unknown names.
+expect_bad "unknown GPU" "--gpu" memory --model llama-3-8b --gpu a100-81gb
+expect_bad "unknown model" "--model" memory --model llama-9-8b
+expect_bad "unknown method" "--method" memory --model llama-3-8b --method dora
+expect_bad "unknown strategy" "--strategy" plan --model llama-3-8b --strategy deepspeed
+
+# Zero, negative and non-numeric sizes.
+expect_bad "micro-batch -1" "--micro-batch" memory --model llama-3-8b --micro-batch -1
+expect_bad "micro-batch 0" "--micro-batch" memory --model llama-3-8b --micro-batch 0
+expect_bad "seq-len abc" "--seq-len" memory --model llama-3-8b --seq-len abc
+expect_bad "gpus 0" "--gpus" memory --model llama-3-8b --gpus 0
+expect_bad "lora-rank -8" "--lora-rank" memory --model llama-3-8b --method lora --lora-rank -8
+
+# An unknown key in a job file (a typo of micro_batch).
+python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); d["micro_bacth"] = 4; json.dump(d, open(sys.argv[2], "w"))' \
+  "$JOB_JSON" "$TMP/typo-job.json"
+expect_bad "unknown key in a job file" "micro_bacth" memory "$TMP/typo-job.json"
+# A negative micro_batch in a job file.
+python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); d["micro_batch"] = -4; json.dump(d, open(sys.argv[2], "w"))' \
+  "$JOB_JSON" "$TMP/negative-job.json"
+expect_bad "negative micro_batch in a job file" "micro_batch" memory "$TMP/negative-job.json"
+
+# Heads that do not divide the hidden size (no head_dim given): 32 heads, hidden 4100.
+python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); d["hidden_size"] = 4100; d.pop("head_dim", None); json.dump(d, open(sys.argv[2], "w"))' \
+  "$MODEL_JSON" "$TMP/heads.json"
+expect_bad "heads not dividing hidden" "hidden_size" memory --model "$TMP/heads.json"
+# GQA: key/value heads that do not divide the attention heads.
+python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); d["num_key_value_heads"] = 7; json.dump(d, open(sys.argv[2], "w"))' \
+  "$MODEL_JSON" "$TMP/kv-heads.json"
+expect_bad "kv heads not dividing heads" "num_key_value_heads" memory --model "$TMP/kv-heads.json"
+
+# Absurd sizes that would overflow.
+python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); d["hidden_size"] = 10**12; json.dump(d, open(sys.argv[2], "w"))' \
+  "$MODEL_JSON" "$TMP/absurd-model.json"
+expect_bad "absurd hidden_size" "hidden_size" memory --model "$TMP/absurd-model.json"
+expect_bad "absurd seq-len" "--seq-len" memory --model llama-3-8b --seq-len 99999999999
+expect_bad "absurd gpus" "--gpus" memory --model llama-3-8b --gpus 999999999999
+expect_bad "absurd micro-batch" "--micro-batch" memory --model llama-3-8b --micro-batch 99999999999
+expect_bad "seq-len beyond int64" "--seq-len" memory --model llama-3-8b --seq-len 99999999999999999999999
+
+# A plan that does not fit is a result, not an error: exit 0, fits=false with a reason.
+"$FTPLAN" memory --model llama-3.1-70b --gpu rtx-3090 --json >"$TMP/oom.json" 2>"$TMP/oom.err"
+rc=$?
+[ "$rc" -eq 0 ] || fail "an out-of-memory job exited $rc, expected 0: $(cat "$TMP/oom.err")"
+python3 -c '
+import json, sys
+d = json.load(open(sys.argv[1]))
+single = [s for s in d["strategies"] if s["name"] == "single"][0]
+sys.exit(0 if single["fits"] is False and single["reason"].startswith("out of memory by") else 1)' "$TMP/oom.json" ||
+  fail "70B full FT on one RTX 3090: single should be fits=false with 'out of memory by ...'"
+
+if [ "$failures" -ne 0 ]; then
+  echo "bad_input.sh: $failures check(s) failed"
+  exit 1
+fi
+echo "bad_input.sh: all checks passed"

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# ftplan memory --json: the output contract other tools rely on (issue 2, item 5), for the flag
+# form and the job-file form. Usage: bash memory_json.sh <path-to-ftplan>
+set -u
+FTPLAN=${1:?usage: memory_json.sh <path-to-ftplan>}
+: "${FTPLAN_DATA_DIR:?FTPLAN_DATA_DIR must point at the repository root}"
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+failures=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+
+# 1. Flags. Expected figures by hand: Llama-3-8B has 8,030,261,248 parameters; LoRA r=16 on
+# q_proj,v_proj trains 32 x 16 x ((4096+4096) + (4096+1024)) = 6,815,744.
+"$FTPLAN" memory --model llama-3-8b --method lora --lora-rank 16 --gpu a100-40gb-sxm --gpus 4 \
+  --seq-len 1024 --micro-batch 4 --json >"$TMP/flags.json" 2>"$TMP/flags.err"
+rc=$?
+[ "$rc" -eq 0 ] || fail "memory --json (flags) exited $rc: $(cat "$TMP/flags.err")"
+[ -s "$TMP/flags.err" ] && fail "memory --json (flags) wrote to stderr: $(cat "$TMP/flags.err")"
+
+check_json() {  # file, expected trainable count (or -1 to skip), expected strategies (comma list)
+  python3 - "$1" "$2" "$3" <<'PY'
+import json, sys
+path, trainable, expected = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(",")
+problems = []
+try:
+    d = json.load(open(path))
+except Exception as e:
+    print(f"not valid JSON: {e}")
+    sys.exit(1)
+m = d.get("model", {})
+if trainable >= 0:
+    if m.get("params_total") != 8030261248:
+        problems.append(f"model.params_total = {m.get('params_total')}, expected 8030261248")
+    if m.get("params_trainable") != trainable:
+        problems.append(f"model.params_trainable = {m.get('params_trainable')}, expected {trainable}")
+elif not isinstance(m.get("params_total"), int) or not isinstance(m.get("params_trainable"), int):
+    problems.append("model.params_total / params_trainable missing or not integers")
+strategies = d.get("strategies")
+if not isinstance(strategies, list) or not strategies:
+    problems.append("strategies is not a non-empty array")
+    strategies = []
+names = [s.get("name") for s in strategies]
+for want in expected:
+    if want not in names:
+        problems.append(f"strategy {want!r} missing (have {names})")
+for s in strategies:
+    mem = s.get("memory_per_gpu_bytes", {})
+    for key in ("weights", "gradients", "optimizer", "activations", "overhead", "total"):
+        if not isinstance(mem.get(key), int) or mem.get(key) < 0:
+            problems.append(f"{s.get('name')}: memory_per_gpu_bytes.{key} = {mem.get(key)!r}")
+    if not isinstance(s.get("fits"), bool):
+        problems.append(f"{s.get('name')}: fits = {s.get('fits')!r} is not a boolean")
+    parts = sum(mem.get(k, 0) for k in mem if k != "total")
+    if isinstance(mem.get("total"), int) and parts != mem["total"]:
+        problems.append(f"{s.get('name')}: the parts sum to {parts}, total is {mem['total']}")
+    if s.get("fits") is False and "out of memory by" not in s.get("reason", ""):
+        problems.append(f"{s.get('name')}: fits=false without an 'out of memory by' reason")
+for p in problems:
+    print(p)
+sys.exit(1 if problems else 0)
+PY
+}
+
+out=$(check_json "$TMP/flags.json" 6815744 single,mp,pipeline,ddp,zero1,zero2,zero3,fsdp) ||
+  fail "memory --json (flags): $out"
+
+# 2. The job-file form, as a path relative to the repository root and as a short name.
+(cd "$FTPLAN_DATA_DIR" && "$FTPLAN" memory configs/jobs/tinyllama-lora-4x-rtx6000ada.json --json) \
+  >"$TMP/job.json" 2>"$TMP/job.err"
+rc=$?
+[ "$rc" -eq 0 ] || fail "memory configs/jobs/tinyllama-lora-4x-rtx6000ada.json --json exited $rc: $(cat "$TMP/job.err")"
+out=$(check_json "$TMP/job.json" -1 single,ddp,zero3,fsdp) || fail "memory JOB --json: $out"
+# TinyLlama-1.1B: 1,100,048,384 parameters; r=16 on q,v: 22 x 16 x ((2048+2048) + (2048+256)) = 2,252,800.
+out=$(python3 -c '
+import json, sys
+m = json.load(open(sys.argv[1]))["model"]
+bad = [f"{k} = {m.get(k)}, expected {v}" for k, v in (("params_total", 1100048384), ("params_trainable", 2252800)) if m.get(k) != v]
+print("; ".join(bad)); sys.exit(1 if bad else 0)' "$TMP/job.json") || fail "memory JOB --json: $out"
+
+"$FTPLAN" memory tinyllama-lora-4x-rtx6000ada --json >"$TMP/short.json" 2>"$TMP/short.err"
+rc=$?
+[ "$rc" -eq 0 ] || fail "memory <short job name> --json exited $rc: $(cat "$TMP/short.err")"
+cmp -s "$TMP/job.json" "$TMP/short.json" || fail "the job's short name and its path give different output"
+
+# 3. The default output is a table with the assumptions under it.
+"$FTPLAN" memory --model llama-3-8b --method lora --gpu a100-40gb-sxm --gpus 4 --seq-len 1024 \
+  --micro-batch 4 >"$TMP/table.txt" 2>&1 || fail "memory (table) exited $?"
+grep -q "GiB" "$TMP/table.txt" || fail "the table names no GiB unit"
+grep -qi "assumptions" "$TMP/table.txt" || fail "the table prints no assumptions"
+grep -q "16 B per trainable parameter" "$TMP/table.txt" || fail "the table does not name the 16 B/param convention"
+
+if [ "$failures" -ne 0 ]; then
+  echo "memory_json.sh: $failures check(s) failed"
+  exit 1
+fi
+echo "memory_json.sh: all checks passed"

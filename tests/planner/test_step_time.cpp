@@ -1,0 +1,265 @@
+// Step time: the pipeline bubble, communication volumes per strategy against hand arithmetic,
+// FLOPs per token against the 6N / 4N rules written out term by term, and the overlap model.
+#include <catch2/catch.hpp>
+
+#include <string>
+
+#include "planner/collectives.h"
+#include "planner/compute_model.h"
+#include "planner/data_paths.h"
+#include "planner/hardware_spec.h"
+#include "planner/json_fields.h"
+#include "planner/model_spec.h"
+#include "planner/step_time.h"
+#include "planner/training_setup.h"
+
+using Catch::Matchers::WithinRel;
+using ftplan::Attention;
+using ftplan::Candidate;
+using ftplan::Checkpointing;
+using ftplan::Method;
+using ftplan::Strategy;
+
+namespace {
+
+constexpr double kExact = 1e-12;  // same arithmetic, different order
+
+ftplan::ModelSpec load_model(const std::string& name) {
+  return ftplan::model_spec_from_json(
+      ftplan::read_json_file(ftplan::data_dir() + "/configs/models/" + name + ".json"), name);
+}
+
+ftplan::TrainingSetup make_setup(const std::string& model, Method method, int64_t gpus, int64_t seq_len,
+                                 int64_t grad_accum = 1) {
+  ftplan::TrainingSetup s;
+  s.model = model;
+  s.method = method;
+  s.num_gpus = gpus;
+  s.seq_len = seq_len;
+  s.grad_accum = grad_accum;
+  return s;
+}
+
+// Llama-3-8B by hand: the 7 block linears hold 2·4096·4096 + 2·4096·1024 + 3·4096·14336
+// = 218,103,808 weights; the lm_head 128256·4096 = 525,336,576.
+constexpr double kLlama3BlockLinearWeights = 218'103'808.0;
+constexpr double kLlama3HeadWeights = 525'336'576.0;
+constexpr double kLlama3Params = 8'030'261'248.0;
+
+}  // namespace
+
+TEST_CASE("pipeline bubble is (p-1)/(m+p-1)", "[step]") {
+  // GPipe (Huang et al. 2019, sec. 2.3): m micro-batches over p stages take m + p - 1 slots.
+  auto [p, m] = GENERATE(table<int64_t, int64_t>({{2, 1}, {2, 8}, {4, 4}, {4, 16}, {8, 8}, {8, 32}, {4, 1}}));
+  const auto strategy = GENERATE(Strategy::pipeline_gpipe, Strategy::pipeline_1f1b);
+  CAPTURE(p, m, ftplan::to_string(strategy));
+  const auto model = load_model("llama-3-8b");  // 32 layers: divisible by 2, 4 and 8
+  const auto hw = ftplan::load_hardware("a100-80gb-sxm");
+  const auto setup = make_setup("llama-3-8b", Method::lora, p, 2048, m);
+  const auto ctx = ftplan::prepare_plan(model, hw, setup, p);
+  const auto s = ftplan::estimate_step(ctx, {strategy, 1, Checkpointing::none, Attention::fused});
+  const double P = static_cast<double>(p), M = static_cast<double>(m);
+  CHECK_THAT(s.bubble_fraction, WithinRel((P - 1) / (M + P - 1), kExact));
+
+  // The step is (m + p - 1) slots of one stage's work plus the optimizer step. A slot is one
+  // micro-batch's forward and backward on 1/p of the model (single's compute per micro-batch / p)
+  // and two activation hops (activation forward, its gradient back) of 2·B·S·h bytes.
+  const auto single_ctx = ftplan::prepare_plan(model, hw, setup, 1);
+  const auto single = ftplan::estimate_step(single_ctx, {Strategy::single, 1, Checkpointing::none, Attention::fused});
+  const double stage_compute = single.compute_s / M / P;
+  const double hop = hw.comm_latency_s + 2.0 * 2048 * 4096 / 2.3e11;  // A100 SXM: 230 GB/s via NVSwitch
+  const double slot = stage_compute + 2 * hop;
+  CHECK_THAT(s.compute_s, WithinRel(M * stage_compute, kExact));
+  CHECK_THAT(s.exposed_comm_s, WithinRel(M * 2 * hop, kExact));
+  CHECK_THAT(s.bubble_s, WithinRel((P - 1) * slot, kExact));
+  CHECK_THAT(s.step_time_s, WithinRel((M + P - 1) * slot + s.optimizer_s, kExact));
+  CHECK_THAT(s.bubble_s / (s.step_time_s - s.optimizer_s), WithinRel((P - 1) / (M + P - 1), kExact));
+  // Each stage steps its own 1/p of the optimizer states.
+  CHECK_THAT(s.optimizer_s, WithinRel(single.optimizer_s / P, kExact));
+  // One replica: the pipeline processes m micro-batches of B·S tokens per step.
+  CHECK(s.tokens_per_step == M * 2048);
+}
+
+TEST_CASE("naive model parallel keeps one GPU busy at a time", "[step]") {
+  const auto model = load_model("tinyllama-1.1b");
+  const auto hw = ftplan::load_hardware("rtx-6000-ada");
+  const auto setup = make_setup("tinyllama-1.1b", Method::lora, 4, 1024, 2);
+  const auto ctx = ftplan::prepare_plan(model, hw, setup, 4);
+  const auto single = ftplan::estimate_step(ftplan::prepare_plan(model, hw, setup, 1), {Strategy::single, 4, Checkpointing::none, Attention::fused});
+  const auto mp = ftplan::estimate_step(ctx, {Strategy::mp, 4, Checkpointing::none, Attention::fused});
+  // The same compute as one GPU doing everything, plus 2(p-1) activation hops per micro-batch.
+  CHECK_THAT(mp.compute_s, WithinRel(single.compute_s, kExact));
+  // Per micro-batch 2(p-1) hops of B·S·h bf16 activations = 2·4·1024·2048 B; neighbour pairs on
+  // the RTX 6000 Ada box: the slowest is gpu1 -> gpu2 across UPI at 12 GB/s (hwdb topology).
+  const double hop = hw.comm_latency_s + 2.0 * 4 * 1024 * 2048 / 1.2e10;
+  CHECK_THAT(mp.exposed_comm_s, WithinRel(2 * 2 * 3 * hop, kExact));
+  CHECK_THAT(mp.step_time_s, WithinRel(single.compute_s + 2 * 2 * 3 * hop + single.optimizer_s / 4, kExact));
+  CHECK_THAT(mp.bubble_fraction, WithinRel(3.0 / 4.0, kExact));
+  CHECK(mp.tokens_per_step == single.tokens_per_step);
+}
+
+TEST_CASE("communication volume per strategy", "[step]") {
+  // Full fine-tuning of Llama-3-8B, mixed precision: bf16 gradients and weights, 2 B x 8,030,261,248.
+  const auto model = load_model("llama-3-8b");
+  const auto hw = ftplan::load_hardware("a100-80gb-sxm");
+  const auto N = GENERATE(as<int64_t>{}, 2, 4, 8);
+  CAPTURE(N);
+  const double n = static_cast<double>(N);
+  const auto setup = make_setup("llama-3-8b", Method::full, N, 2048);
+  const auto ctx = ftplan::prepare_plan(model, hw, setup, N);
+  auto bytes = [&](Strategy s) {
+    return ftplan::estimate_step(ctx, {s, 1, Checkpointing::full, Attention::fused}).comm_bytes_per_step;
+  };
+  const double ddp = bytes(Strategy::ddp);
+  // DDP: ring all-reduce of all gradients, 2(N-1)/N · 2Ψ.
+  CHECK_THAT(ddp, WithinRel(2 * (n - 1) / n * 2 * kLlama3Params, kExact));
+  // ZeRO-3/FSDP: all-gather in forward and backward, reduce-scatter of gradients: 3(N-1)/N · 2Ψ,
+  // 1.5x DDP (Rajbhandari et al. 2020, sec. 7.2.2).
+  CHECK_THAT(bytes(Strategy::zero3) / ddp, WithinRel(1.5, kExact));
+  // PyTorch FSDP keeps its root unit (the modules outside the wrapped blocks) gathered from forward
+  // into backward, saving at most one gather of it: the embedding and the head, 2 B x (2 x
+  // 525,336,576 + 4096) = 2,101,354,496 B of 16,060,522,496. So 1.5 x DDP less at most
+  // (N-1)/N x 2.1e9 B: between 1.435 and 1.5 (WithinRel 0.05 of the paper's 1.5).
+  const double fsdp = bytes(Strategy::fsdp);
+  CHECK(fsdp <= bytes(Strategy::zero3) * (1 + kExact));
+  CHECK(fsdp >= (n - 1) / n * (3 * 2 * kLlama3Params - 2'101'354'496.0) * (1 - kExact));
+  CHECK_THAT(fsdp / ddp, WithinRel(1.5, 0.05));
+  // ZeRO-1/2: reduce-scatter of gradients + all-gather of parameters = DDP's volume (sec. 7.2.1).
+  CHECK_THAT(bytes(Strategy::zero1), WithinRel(ddp, kExact));
+  CHECK_THAT(bytes(Strategy::zero2), WithinRel(ddp, kExact));
+  // SHARD_GRAD_OP gathers once per micro-batch: (1 + 1)(N-1)/N · 2Ψ = DDP's volume.
+  CHECK_THAT(bytes(Strategy::fsdp_shard_grad_op), WithinRel(ddp, kExact));
+  CHECK(bytes(Strategy::single) == 0.0);
+
+  SECTION("gradient accumulation: DDP and ZeRO-1 communicate once per step, ZeRO-3 per micro-batch") {
+    const auto acc = make_setup("llama-3-8b", Method::full, N, 2048, 4);
+    const auto actx = ftplan::prepare_plan(model, hw, acc, N);
+    auto abytes = [&](Strategy s) {
+      return ftplan::estimate_step(actx, {s, 1, Checkpointing::full, Attention::fused}).comm_bytes_per_step;
+    };
+    CHECK_THAT(abytes(Strategy::ddp), WithinRel(ddp, kExact));
+    CHECK_THAT(abytes(Strategy::zero1), WithinRel(ddp, kExact));
+    CHECK_THAT(abytes(Strategy::zero3), WithinRel(4 * 1.5 * ddp, kExact));
+    CHECK_THAT(abytes(Strategy::fsdp), WithinRel(4 * fsdp, kExact));
+  }
+}
+
+TEST_CASE("LoRA's DDP all-reduce is megabytes", "[step]") {
+  // Llama-3-8B, r=16 on q_proj,v_proj: 16 x ((4096+4096) + (4096+1024)) = 212,992 per layer,
+  // x 32 = 6,815,744 adapter parameters, bf16 gradients: 13,631,488 B; on 4 GPUs 2·3/4 of that
+  // = 20,447,232 B per step.
+  const auto model = load_model("llama-3-8b");
+  const auto hw = ftplan::load_hardware("a100-40gb-sxm");
+  const auto setup = make_setup("llama-3-8b", Method::lora, 4, 1024);
+  const auto ctx = ftplan::prepare_plan(model, hw, setup, 4);
+  CHECK(ctx.trainable_params == 6'815'744);
+  const auto s = ftplan::estimate_step(ctx, {Strategy::ddp, 4, Checkpointing::none, Attention::fused});
+  CHECK_THAT(s.comm_bytes_per_step, WithinRel(20'447'232.0, kExact));
+  // DDP's buckets (step_time.h): a first bucket of 1 MiB, then 25 MiB ones. 13,631,488 B =
+  // 1,048,576 + 12,582,912: two all-reduces, each paying α·2(N-1) = 6α, and the ring's
+  // 1.5 x 13,631,488 B over 230 GB/s (A100 SXM NVSwitch, hwdb).
+  const double ar = 2 * 6 * hw.comm_latency_s + 20'447'232.0 / 2.3e11;
+  CHECK_THAT(s.comm_s, WithinRel(ar, kExact));
+  CHECK(s.exposed_comm_s <= s.comm_s);
+}
+
+TEST_CASE("DDP's gradient buckets", "[step]") {
+  // Llama-3-8B full FT: 2 B x 8,030,261,248 = 16,060,522,496 B of gradients. First bucket 1 MiB;
+  // (16,060,522,496 - 1,048,576) / 26,214,400 = 612 full buckets + a remainder: 614 buckets.
+  const auto model = load_model("llama-3-8b");
+  const auto hw = ftplan::load_hardware("a100-80gb-sxm");
+  const auto setup = make_setup("llama-3-8b", Method::full, 8, 2048);
+  const auto ctx = ftplan::prepare_plan(model, hw, setup, 8);
+  const auto t = ftplan::ddp_bucketed_all_reduce(ctx, {});
+  CHECK(t.buckets == 614);
+  const double remainder = 16'060'522'496.0 - 1'048'576.0 - 612 * 26'214'400.0;  // 16,261,120 B
+  auto ar = [&](double bytes) { return 14 * hw.comm_latency_s + 2 * 7.0 / 8 * bytes / 2.3e11; };
+  CHECK_THAT(t.last_s, WithinRel(ar(remainder), kExact));
+  CHECK_THAT(t.total_s, WithinRel(ar(1'048'576.0) + 612 * ar(26'214'400.0) + ar(remainder), 1e-9));
+  // The bytes are the unbucketed ring's; only the latency grows with the bucket count.
+  CHECK_THAT(t.total_s - 614 * 14 * hw.comm_latency_s, WithinRel(2 * 7.0 / 8 * 16'060'522'496.0 / 2.3e11, 1e-9));
+}
+
+TEST_CASE("turning overlap off never makes a step faster", "[step]") {
+  auto [name, method, gpu, gpus, grad_accum] = GENERATE(table<std::string, Method, std::string, int64_t, int64_t>({
+      {"llama-3-8b", Method::full, "a100-80gb-sxm", 8, 1},
+      {"llama-3-8b", Method::lora, "a100-40gb-sxm", 4, 2},
+      {"tinyllama-1.1b", Method::lora, "rtx-6000-ada", 4, 2},
+      {"codellama-34b", Method::lora, "rtx-6000-ada", 4, 4},
+      {"llama-3.1-70b", Method::qlora, "h100-sxm", 16, 1},
+  }));
+  CAPTURE(name, ftplan::to_string(method), gpu, gpus, grad_accum);
+  const auto model = load_model(name);
+  const auto hw = ftplan::load_hardware(gpu);
+  const auto setup = make_setup(name, method, gpus, 2048, grad_accum);
+  const auto ctx = ftplan::prepare_plan(model, hw, setup, gpus);
+  ftplan::StepOptions off;
+  off.overlap = false;
+  for (Strategy s : ftplan::applicable_strategies(model, hw, setup)) {
+    for (int64_t b : {1, 4}) {
+      CAPTURE(ftplan::to_string(s), b);
+      const Candidate c{s, b, Checkpointing::full, Attention::fused};
+      const auto on = ftplan::estimate_step(ctx, c);
+      const auto no = ftplan::estimate_step(ctx, c, off);
+      CHECK(no.step_time_s >= on.step_time_s);
+      CHECK(no.exposed_comm_s == no.comm_s);  // reference path: every byte exposed
+      CHECK(on.exposed_comm_s <= on.comm_s);
+      CHECK(on.comm_bytes_per_step == no.comm_bytes_per_step);
+    }
+  }
+}
+
+TEST_CASE("FLOPs per token", "[step]") {
+  // Kaplan et al. 2020: 2 FLOPs per weight per token forward; backward 2x forward for trained
+  // weights, 1x for frozen ones. Attention scores: 4·S·q_dim per layer forward, 2x in backward
+  // (compute_model.h). The embedding lookup is not a matmul; the lm_head is.
+  const auto model = load_model("llama-3-8b");
+  const double L = 32, S = 2048, q = 4096;
+  const double matmul_weights = L * kLlama3BlockLinearWeights + kLlama3HeadWeights;  // 7,504,658,432
+  const double attention = 4 * S * q * L;                                           // one forward
+  SECTION("full fine-tuning: 6 per matmul weight + 3x the attention forward") {
+    const auto f = ftplan::flops_per_token(model, make_setup("llama-3-8b", Method::full, 1, 2048));
+    CHECK_THAT(f.model, WithinRel(6 * matmul_weights + 3 * attention, kExact));
+    CHECK_THAT(f.forward, WithinRel(2 * matmul_weights + attention, kExact));
+    CHECK_THAT(f.block_forward, WithinRel(L * 2 * kLlama3BlockLinearWeights + attention, kExact));
+    // Close to the 6N rule: 6·8.03e9 = 4.818e10; the exact figure 4.825e10 (embedding out, attention in).
+    CHECK_THAT(f.model, WithinRel(6 * kLlama3Params, 0.01));
+  }
+  SECTION("LoRA: 4 per frozen weight + attention + 6 per adapter weight") {
+    auto setup = make_setup("llama-3-8b", Method::lora, 1, 2048);
+    const auto f = ftplan::flops_per_token(model, setup);
+    const double adapters = 6'815'744;  // r=16 on q_proj, v_proj (see above)
+    CHECK_THAT(f.model, WithinRel(4 * matmul_weights + 3 * attention + 6 * adapters, kExact));
+    CHECK_THAT(f.model / (6 * kLlama3Params), WithinRel(4.0 / 6.0, 0.05));
+    // QLoRA does the same matmuls (the dequantisation is time, not FLOPs).
+    setup.method = Method::qlora;
+    CHECK_THAT(ftplan::flops_per_token(model, setup).model, WithinRel(f.model, kExact));
+  }
+  SECTION("full checkpointing adds one forward of the blocks to the step's compute") {
+    const auto hw = ftplan::load_hardware("a100-80gb-sxm");
+    const auto setup = make_setup("llama-3-8b", Method::lora, 1, 2048, 2);
+    const auto ctx = ftplan::prepare_plan(model, hw, setup, 1);
+    const auto none = ftplan::estimate_step(ctx, {Strategy::single, 2, Checkpointing::none, Attention::fused});
+    const auto full = ftplan::estimate_step(ctx, {Strategy::single, 2, Checkpointing::full, Attention::fused});
+    const double tokens = 2 * 2 * 2048;  // grad_accum x micro-batch x seq_len
+    const double rate = hw.peak_flops_bf16 * hw.matmul_efficiency;
+    CHECK_THAT(full.compute_s - none.compute_s, WithinRel(tokens * ctx.flops.block_forward / rate, 1e-9));
+    CHECK_THAT(none.compute_s, WithinRel(tokens * ctx.flops.model / rate, kExact));
+    // MFU counts model FLOPs only: recomputation lowers it.
+    CHECK(full.mfu < none.mfu);
+    CHECK(full.flops_per_step == none.flops_per_step);
+  }
+}
+
+TEST_CASE("DDP tokens per step and throughput", "[step]") {
+  const auto model = load_model("tinyllama-1.1b");
+  const auto hw = ftplan::load_hardware("a100-80gb-sxm");
+  const auto setup = make_setup("tinyllama-1.1b", Method::lora, 8, 1024, 2);
+  const auto ctx = ftplan::prepare_plan(model, hw, setup, 8);
+  const auto s = ftplan::estimate_step(ctx, {Strategy::ddp, 4, Checkpointing::none, Attention::fused});
+  CHECK(s.tokens_per_step == 8.0 * 2 * 4 * 1024);  // GPUs x grad_accum x micro-batch x seq_len
+  CHECK_THAT(s.tokens_per_s, WithinRel(s.tokens_per_step / s.step_time_s, kExact));
+  CHECK_THAT(s.step_time_s, WithinRel(s.compute_s + s.exposed_comm_s + s.optimizer_s, kExact));
+  CHECK(s.mfu > 0.0);
+  CHECK(s.mfu <= hw.matmul_efficiency);
+}
