@@ -4,6 +4,9 @@
 //   build-sim/bench/bench_simulator [--benchmark_filter=fsdp]
 #include <benchmark/benchmark.h>
 
+#include "planner/json_fields.h"
+#include "simulator/plan_inputs.h"
+
 #include <cstdint>
 #include <string>
 
@@ -126,5 +129,32 @@ BENCHMARK_CAPTURE(BM_schedule_only, ddp_32layer_8gpu_m1, llama8b_ddp(1))->Unit(b
 BENCHMARK_CAPTURE(BM_simulate, pipeline_1f1b_80layer_p8_m32, pipeline_80(Strategy::pipeline_1f1b))
     ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_trace_json, fsdp_llama70b_64gpu_m1, llama70b_fsdp(1))->Unit(benchmark::kMillisecond);
+
+// The same goals on the planner's own inputs (simulator/plan_inputs.h) for shipped models: the
+// whole path `ftplan simulate` takes, preparation included.
+void BM_simulate_from_plan(benchmark::State& state, std::string model_name, std::string gpu, int64_t gpus,
+                           ftplan::Method method, Strategy strategy) {
+  using namespace ftplan;
+  const ModelSpec model = model_spec_from_json(
+      read_json_file(std::string(FTPLAN_SOURCE_DIR) + "/configs/models/" + model_name + ".json"), model_name);
+  const HardwareSpec hw = load_hardware(std::string(FTPLAN_SOURCE_DIR) + "/hwdb/" + gpu + ".json");
+  TrainingSetup setup;
+  setup.model = model_name;
+  setup.gpu = gpu;
+  setup.num_gpus = gpus;
+  setup.method = method;
+  setup.seq_len = 4096;
+  for (auto _ : state) {
+    const PlanContext ctx = prepare_plan(model, hw, setup, gpus);
+    auto s = simulate_step(step_inputs_from_plan(ctx, {strategy, 1, Checkpointing::full, Attention::fused}));
+    benchmark::DoNotOptimize(s.schedule.step_time_s);
+  }
+}
+BENCHMARK_CAPTURE(BM_simulate_from_plan, llama31_70b_fsdp_64xh100, "llama-3.1-70b", "h100-sxm", 64,
+                  ftplan::Method::full, Strategy::fsdp)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_simulate_from_plan, llama3_8b_ddp_8xa100, "llama-3-8b", "a100-80gb-sxm", 8,
+                  ftplan::Method::full, Strategy::ddp)
+    ->Unit(benchmark::kMicrosecond);
 
 BENCHMARK_MAIN();

@@ -115,6 +115,4 @@ int run_simulate(const SimulateOptions& o) {
   return 0;
 }
 
-int run_compare(const CompareOptions&) { fail_input("compare: pending"); }
-
 }  // namespace ftplan::cli

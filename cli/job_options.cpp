@@ -103,7 +103,10 @@ LoadedJob load_job(const JobOptions& o) {
   if (s.method != Method::full && s.lora.rank > job.model.hidden_size)
     fail_input("--lora-rank: " + std::to_string(s.lora.rank) + " exceeds hidden_size " +
                std::to_string(job.model.hidden_size));
-  if (s.seq_len > (INT64_C(1) << 24)) fail_input("--seq-len: absurdly large");
+  // Tokens per micro-batch beyond 2^32 would overflow the byte counts: reject as absurd.
+  if (static_cast<double>(s.micro_batch.value_or(1)) * s.seq_len > 4294967296.0)
+    fail_input("--micro-batch: " + std::to_string(s.micro_batch.value_or(1)) + " x --seq-len " +
+               std::to_string(s.seq_len) + " tokens per micro-batch is absurd (limit 2^32)");
   job.setup = s;
   return job;
 }

@@ -33,14 +33,18 @@ ActivationInputs activation_inputs(const TrainingSetup& setup, int64_t micro_bat
   return in;
 }
 
+// Sizes are products of user input: computed in double and saturated at 2^59 bytes, so absurd
+// sizes give absurd (never wrapped) answers.
+int64_t saturate(double bytes) { return static_cast<int64_t>(std::min(bytes, 576460752303423488.0)); }
+
 int64_t block_activation_bytes(const ModelSpec& m, const ActivationInputs& in) {
-  const int64_t a = activation_bytes(in.precision);
-  const int64_t T = in.micro_batch * in.seq_len;
-  const int64_t h = m.hidden_size, q = m.q_dim(), kv = m.kv_dim(), i = m.intermediate_size;
-  const int64_t scores = in.micro_batch * m.num_heads * in.seq_len * in.seq_len;
+  const double a = activation_bytes(in.precision);
+  const double T = static_cast<double>(in.micro_batch) * in.seq_len;
+  const double h = m.hidden_size, q = m.q_dim(), kv = m.kv_dim(), i = m.intermediate_size;
+  const double scores = static_cast<double>(in.micro_batch) * m.num_heads * in.seq_len * in.seq_len;
 
   // Two RMSNorms: fp32 input, fp32 rstd, and the normalised input when the norm weight trains.
-  int64_t bytes = 2 * (4 * T * h + 4 * T + (base_trains(in) ? a * T * h : 0));
+  double bytes = 2 * (4 * T * h + 4 * T + (base_trains(in) ? a * T * h : 0));
   // Norm outputs, shared by the linears that read them.
   if (keeps_input(in, "q_proj") || keeps_input(in, "k_proj") || keeps_input(in, "v_proj")) bytes += a * T * h;
   if (keeps_input(in, "gate_proj") || keeps_input(in, "up_proj")) bytes += a * T * h;
@@ -62,31 +66,32 @@ int64_t block_activation_bytes(const ModelSpec& m, const ActivationInputs& in) {
       if (in.lora.dropout > 0.0) bytes += (a + 1) * T * lin.in_features;
     }
   }
-  return bytes;
+  return saturate(bytes);
 }
 
 int64_t head_activation_bytes(const ModelSpec& m, const ActivationInputs& in) {
-  const int64_t a = activation_bytes(in.precision);
-  const int64_t T = in.micro_batch * in.seq_len;
-  const int64_t h = m.hidden_size;
-  int64_t bytes = 4 * T * h + 4 * T;                     // final RMSNorm: fp32 input and rstd
+  const double a = activation_bytes(in.precision);
+  const double T = static_cast<double>(in.micro_batch) * in.seq_len;
+  const double h = m.hidden_size;
+  double bytes = 4 * T * h + 4 * T;                     // final RMSNorm: fp32 input and rstd
   if (base_trains(in)) bytes += a * T * h + a * T * h;  // normalised input; lm_head input
-  return bytes;
+  return saturate(bytes);
 }
 
 int64_t activation_bytes_for_layers(const ModelSpec& m, const ActivationInputs& in, int64_t num_layers,
                                     bool with_head, Checkpointing checkpointing) {
   if (num_layers <= 0 && !with_head) return 0;
-  const int64_t block = block_activation_bytes(m, in);
-  const int64_t head = with_head ? head_activation_bytes(m, in) : 0;
-  if (checkpointing == Checkpointing::none) return num_layers * block + head;
+  const double block = block_activation_bytes(m, in);
+  const double head = with_head ? head_activation_bytes(m, in) : 0;
+  if (checkpointing == Checkpointing::none) return saturate(num_layers * block + head);
   // Full checkpointing: each block's input stays; one block is recomputed at a time in backward.
-  const int64_t block_input = activation_bytes(in.precision) * in.micro_batch * in.seq_len * m.hidden_size;
-  return num_layers * block_input + (num_layers > 0 ? block : 0) + head;
+  const double block_input =
+      static_cast<double>(activation_bytes(in.precision)) * in.micro_batch * in.seq_len * m.hidden_size;
+  return saturate(num_layers * block_input + (num_layers > 0 ? block : 0) + head);
 }
 
 int64_t logits_loss_bytes(const ModelSpec& m, int64_t micro_batch, int64_t seq_len) {
-  return 12 * micro_batch * seq_len * m.vocab_size;
+  return saturate(12.0 * micro_batch * seq_len * m.vocab_size);
 }
 
 }  // namespace ftplan

@@ -81,7 +81,10 @@ StateBytes state_bytes(const UnitParams& u, const TrainingSetup& setup) {
           u.trainable * tb.gradient, u.trainable * tb.optimizer};
 }
 
-int64_t to_bytes(double x) { return static_cast<int64_t>(std::ceil(x)); }
+// Every term saturates at 2^59 bytes (512 PiB): absurd sizes stay absurd instead of overflowing,
+// and eight saturated terms still add up inside int64.
+constexpr double kMaxTermBytes = 576460752303423488.0;  // 2^59
+int64_t to_bytes(double x) { return static_cast<int64_t>(std::ceil(std::min(x, kMaxTermBytes))); }
 
 bool is_pipeline(Strategy s) {
   return s == Strategy::mp || s == Strategy::pipeline_gpipe || s == Strategy::pipeline_1f1b;
@@ -156,20 +159,22 @@ MemoryEstimate estimate_memory(const PreparedJob& job, const Candidate& c, int64
   e.candidate = c;
   const int64_t N = std::max<int64_t>(1, num_gpus);
   e.gpus_used = c.strategy == Strategy::single ? 1 : N;
-  const int64_t B = c.micro_batch;
-  const int64_t block = B * job.block_bytes_per_sample[static_cast<int>(c.attention)];
-  const int64_t head_act = B * job.head_bytes_per_sample;
-  const int64_t block_input = B * job.block_input_bytes_per_sample;
-  const int64_t logits = B * job.logits_bytes_per_sample;
+  // Per-micro-batch sizes in double: a product of absurd sizes saturates (to_bytes) rather than
+  // overflowing.
+  const double B = static_cast<double>(c.micro_batch);
+  const double block = B * job.block_bytes_per_sample[static_cast<int>(c.attention)];
+  const double head_act = B * job.head_bytes_per_sample;
+  const double block_input = B * job.block_input_bytes_per_sample;
+  const double logits = B * job.logits_bytes_per_sample;
   const bool ckpt = c.checkpointing == Checkpointing::full;
   auto& m = e.per_gpu;
 
   // Activations of `layers` blocks with `in_flight` micro-batches alive (pipelines keep several).
   auto activations = [&](int64_t layers, bool with_head, int64_t in_flight) {
-    int64_t kept = ckpt ? layers * block_input : layers * block;
-    int64_t bytes = in_flight * (kept + (with_head ? head_act : 0));
+    double kept = ckpt ? layers * block_input : layers * block;
+    double bytes = in_flight * (kept + (with_head ? head_act : 0));
     if (ckpt && layers > 0) bytes += block;  // the block being recomputed
-    return bytes;
+    return to_bytes(bytes);
   };
 
   m.overhead = hw.framework_overhead_bytes + (e.gpus_used > 1 && hw.kind == "gpu" ? kNcclBufferBytes : 0);
@@ -194,9 +199,9 @@ MemoryEstimate estimate_memory(const PreparedJob& job, const Candidate& c, int64
       s.optimizer = to_bytes(o);
       s.activations = activations(layers, last, in_flight);
       // The loss keeps fp32 log-probs (4·T·V) for each micro-batch in flight beyond the current one.
-      s.logits_loss = last ? logits + (in_flight - 1) * (logits / 3) : 0;
+      s.logits_loss = last ? to_bytes(logits + (in_flight - 1) * (logits / 3)) : 0;
       // Received activations and the gradient sent back: two block-input-sized buffers.
-      s.temporary = (p > 1 ? 2 * block_input : 0) + job.dequant_bytes;
+      s.temporary = to_bytes((p > 1 ? 2 * block_input : 0) + job.dequant_bytes);
       s.overhead = m.overhead;
       s.total = s.weights + s.gradients + s.optimizer + s.activations + s.logits_loss + s.temporary + s.overhead;
       if (s.total > worst.total) worst = s;
@@ -210,11 +215,18 @@ MemoryEstimate estimate_memory(const PreparedJob& job, const Candidate& c, int64
   double w = job.embedding_weight_bytes + layers * job.layer_weight_bytes + job.head_weight_bytes;
   double g = job.embedding_grad_bytes + layers * job.layer_grad_bytes + job.head_grad_bytes;
   double o = job.embedding_opt_bytes + layers * job.layer_opt_bytes + job.head_opt_bytes;
-  m.activations = activations(model.num_layers, true, 1);
-  m.logits_loss = logits;
+  if (!ckpt) {
+    m.activations = activations(model.num_layers, true, 1);
+    m.logits_loss = to_bytes(logits);
+  } else {
+    // Backward runs the head (and frees the loss's tensors) before it recomputes the last block,
+    // so the recomputed block and the loss peak are never alive together: activations hold every
+    // block input and the recomputed block; logits+loss only what the head and loss need beyond.
+    m.activations = to_bytes(model.num_layers * block_input + block);
+    m.logits_loss = to_bytes(std::max(0.0, head_act + logits - block));
+  }
   const double layer_w = job.layer_weight_bytes, layer_g = job.layer_grad_bytes;
   const double largest_unit_w = std::max(layer_w, std::max(job.embedding_weight_bytes, job.head_weight_bytes));
-  const double root_w = job.embedding_weight_bytes + job.head_weight_bytes;
   const double bucket =
       std::min(g, kZeroBucketElements * trainable_param_bytes(setup.precision, setup.optimizer).gradient);
   const int64_t shard = c.strategy == Strategy::fsdp_hybrid ? std::min(N, hw.gpus_per_node) : N;
@@ -230,9 +242,9 @@ MemoryEstimate estimate_memory(const PreparedJob& job, const Candidate& c, int64
       temp += largest_unit_w + layer_w + layer_g;
       break;
     case Strategy::fsdp:
-    case Strategy::fsdp_hybrid:  // the root unit (embedding, head) stays gathered all step
+    case Strategy::fsdp_hybrid:  // the last unit (norm, lm_head) is not resharded after forward
       w /= shard; g /= shard; o /= shard;
-      temp += root_w + 2 * layer_w + layer_g;
+      temp += job.head_weight_bytes + 2 * largest_unit_w + layer_g;
       break;
     case Strategy::fsdp_shard_grad_op:  // parameters stay gathered from forward through backward
       w = w + w / N; g /= N; o /= N;
@@ -340,11 +352,13 @@ std::vector<std::string> memory_assumptions(const ModelSpec& model, const Hardwa
   lines.push_back("activations: tensors autograd keeps for backward (RMSNorm input in fp32, " +
                   std::string(activation_bytes(setup.precision) == 2 ? "bf16" : "fp32") +
                   " elsewhere); loss peak 12 B x tokens x vocab (fp32 log-softmax, its gradient, the logits' gradient)");
-  lines.push_back("peak = sum of the terms (gradients alive with all activations: exact with gradient accumulation)");
+  lines.push_back("peak = sum of the terms (gradients alive with all activations: exact with gradient accumulation); "
+                  "under full checkpointing the loss peak and the recomputed block are not alive together");
   lines.push_back("overhead: " + format_gib(hw.framework_overhead_bytes) +
                   " CUDA context + workspaces per GPU, +256 MiB NCCL buffers when distributed");
   lines.push_back("DDP: buckets hold a second copy of the gradients; ZeRO-1/2: 5e8-element buckets; "
-                  "ZeRO-3/FSDP: one gathered unit + one prefetched layer + one layer's unsharded gradients");
+                  "ZeRO-3: the largest gathered unit + one prefetched + one layer's unsharded gradients; FSDP also keeps "
+                  "its last unit (norm, lm_head) gathered from forward into backward");
   std::ostringstream fit;
   fit << "fits: total <= " << (1 - setup.headroom_fraction) * 100 << "% of " << format_gib(hw.memory_bytes)
       << " (" << hw.name << ")";

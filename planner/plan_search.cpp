@@ -96,6 +96,12 @@ std::string describe(const RankedCandidate& c) {
 
 }  // namespace
 
+bool ranks_before(const RankedCandidate& a, const RankedCandidate& b) {
+  if (ties(a.score, b.score) && a.candidate.strategy != b.candidate.strategy)
+    return complexity(a.candidate.strategy) < complexity(b.candidate.strategy);
+  return a.score < b.score;
+}
+
 Objective parse_objective(const std::string& s, const std::string& field) {
   if (s == "time") return Objective::time;
   if (s == "cost") return Objective::cost;
@@ -151,11 +157,6 @@ PlanResult plan_job(const ModelSpec& model, const HardwareSpec& hw, const Traini
   const PlanContext ctx = prepare_plan(model, hw, setup, setup.num_gpus);
   const SearchSpace space = search_space(model, hw, setup);
   auto better = [](const RankedCandidate& a, const RankedCandidate& b) { return a.score < b.score; };
-  auto ranked_before = [](const RankedCandidate& a, const RankedCandidate& b) {
-    if (ties(a.score, b.score) && a.candidate.strategy != b.candidate.strategy)
-      return complexity(a.candidate.strategy) < complexity(b.candidate.strategy);
-    return a.score < b.score;
-  };
 
   for (Strategy strategy : space.strategies) {
     StrategyOutcome outcome;
@@ -182,7 +183,7 @@ PlanResult plan_job(const ModelSpec& model, const HardwareSpec& hw, const Traini
   std::stable_sort(result.candidates.begin(), result.candidates.end(), better);
   // Near-ties go to the simpler strategy: bubble each one forward past tied, more complex plans.
   for (size_t i = 1; i < result.candidates.size(); ++i)
-    for (size_t k = i; k > 0 && ranked_before(result.candidates[k], result.candidates[k - 1]); --k)
+    for (size_t k = i; k > 0 && ranks_before(result.candidates[k], result.candidates[k - 1]); --k)
       std::swap(result.candidates[k], result.candidates[k - 1]);
 
   const int64_t N = setup.num_gpus;

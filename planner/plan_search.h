@@ -58,6 +58,10 @@ SearchSpace search_space(const ModelSpec& model, const HardwareSpec& hw, const T
 RankedCandidate evaluate_candidate(const PlanContext& context, const Candidate& candidate, Objective objective,
                                    bool explain = false);
 
+// The ranking order: lower score first; plans within 0.5% of each other go to the simpler strategy
+// (single, ddp, zero1, zero2, fsdp, zero3, ..., offload last).
+bool ranks_before(const RankedCandidate& a, const RankedCandidate& b);
+
 PlanResult plan_job(const ModelSpec& model, const HardwareSpec& hw, const TrainingSetup& setup,
                     Objective objective, const StepOptions& options = {});
 

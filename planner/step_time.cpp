@@ -23,7 +23,6 @@ PlanContext prepare_plan(const ModelSpec& model, const HardwareSpec& hw, const T
   c.layer_weight_bytes = m.layer_weight_bytes;
   c.layer_grad_bytes = m.layer_grad_bytes;
   c.trainable_params = m.trainable_params;
-  c.trainable_weight_bytes = m.trainable_params * trainable_param_bytes(setup.precision, setup.optimizer).weight;
   c.nf4_params = trainable_params(model, setup).quantized;
   auto whole = [](double bytes) { return static_cast<int64_t>(std::ceil(bytes)); };
   c.embedding_weight_bytes = whole(m.embedding_weight_bytes);
@@ -32,18 +31,31 @@ PlanContext prepare_plan(const ModelSpec& model, const HardwareSpec& hw, const T
   c.embedding_grad_bytes = whole(m.embedding_grad_bytes);
   c.block_grad_bytes = whole(m.layer_grad_bytes);
   c.head_grad_bytes = whole(m.head_grad_bytes);
+  // Updated trainable weights: gradient bytes / gradient width × weight width, exactly.
+  const ParamBytes tb = trainable_param_bytes(setup.precision, setup.optimizer);
+  auto updates = [&](int64_t grad_bytes) {
+    return static_cast<int64_t>(std::llround(grad_bytes / tb.gradient)) * static_cast<int64_t>(tb.weight);
+  };
+  c.embedding_update_bytes = updates(c.embedding_grad_bytes);
+  c.block_update_bytes = updates(c.block_grad_bytes);
+  c.head_update_bytes = updates(c.head_grad_bytes);
+  c.trainable_weight_bytes = c.embedding_update_bytes + L * c.block_update_bytes + c.head_update_bytes;
   c.weight_bytes = c.embedding_weight_bytes + L * c.block_weight_bytes + c.head_weight_bytes;
   c.grad_bytes = c.embedding_grad_bytes + L * c.block_grad_bytes + c.head_grad_bytes;
   return c;
 }
 
-double per_unit_collective_s(const PlanContext& ctx, Collective c, bool weights, const Interconnect& net) {
+double per_unit_collective_s(const PlanContext& ctx, Collective c, UnitBytes which, const Interconnect& net) {
   const double L = static_cast<double>(ctx.memory.model->num_layers);
-  if (weights)
-    return collective_time_s(net, c, ctx.embedding_weight_bytes) + L * collective_time_s(net, c, ctx.block_weight_bytes) +
-           collective_time_s(net, c, ctx.head_weight_bytes);
-  return collective_time_s(net, c, ctx.embedding_grad_bytes) + L * collective_time_s(net, c, ctx.block_grad_bytes) +
-         collective_time_s(net, c, ctx.head_grad_bytes);
+  auto sum = [&](int64_t embedding, int64_t block, int64_t head) {
+    return collective_time_s(net, c, embedding) + L * collective_time_s(net, c, block) + collective_time_s(net, c, head);
+  };
+  switch (which) {
+    case UnitBytes::weights: return sum(ctx.embedding_weight_bytes, ctx.block_weight_bytes, ctx.head_weight_bytes);
+    case UnitBytes::gradients: return sum(ctx.embedding_grad_bytes, ctx.block_grad_bytes, ctx.head_grad_bytes);
+    case UnitBytes::updates: return sum(ctx.embedding_update_bytes, ctx.block_update_bytes, ctx.head_update_bytes);
+  }
+  return 0.0;
 }
 
 BucketedTime ddp_bucketed_all_reduce(const PlanContext& ctx, const StepOptions& opt) {
@@ -111,8 +123,8 @@ StepEstimate estimate_step(const PlanContext& ctx, const Candidate& cand, const 
     case Strategy::zero1:
     case Strategy::zero2: {
       // Per unit: gradients reduce-scattered as backward produces them; updated parameters gathered.
-      const double rs = per_unit_collective_s(ctx, Collective::reduce_scatter, false, net);
-      const double ag = per_unit_collective_s(ctx, Collective::all_gather, false, net);
+      const double rs = per_unit_collective_s(ctx, Collective::reduce_scatter, UnitBytes::gradients, net);
+      const double ag = per_unit_collective_s(ctx, Collective::all_gather, UnitBytes::updates, net);
       const double reductions = cand.strategy == Strategy::zero1 ? 1.0 : G;
       const double rs_exposed = exposed(rs, backward, time(Collective::reduce_scatter, ctx.embedding_grad_bytes ? ctx.embedding_grad_bytes : ctx.block_grad_bytes));
       comm = reductions * rs + ag;
@@ -137,9 +149,9 @@ StepEstimate estimate_step(const PlanContext& ctx, const Candidate& cand, const 
       // Each unit is gathered before its forward and again before its backward (ZeRO-3: 1.5x DDP's
       // volume), except that PyTorch FSDP keeps its last (root) unit gathered from forward into backward.
       const double regathers = cand.strategy == Strategy::fsdp || hybrid ? 1.0 : 0.0;
-      double mb_comm = gathers * per_unit_collective_s(ctx, Collective::all_gather, true, shard_net) -
+      double mb_comm = gathers * per_unit_collective_s(ctx, Collective::all_gather, UnitBytes::weights, shard_net) -
                        regathers * stime(Collective::all_gather, ctx.head_weight_bytes) +
-                       per_unit_collective_s(ctx, Collective::reduce_scatter, false, shard_net);
+                       per_unit_collective_s(ctx, Collective::reduce_scatter, UnitBytes::gradients, shard_net);
       double mb_bytes = wire_bytes(Collective::all_gather, gathers * ctx.weight_bytes - regathers * ctx.head_weight_bytes, shard) +
                         wire_bytes(Collective::reduce_scatter, ctx.grad_bytes, shard);
       if (cand.strategy == Strategy::zero3_offload) {  // parameters come up from the host for each use
@@ -164,10 +176,10 @@ StepEstimate estimate_step(const PlanContext& ctx, const Candidate& cand, const 
       break;
     }
     case Strategy::zero2_offload: {
-      const double rs = per_unit_collective_s(ctx, Collective::reduce_scatter, false, net);
+      const double rs = per_unit_collective_s(ctx, Collective::reduce_scatter, UnitBytes::gradients, net);
       const double down = ctx.grad_bytes / N / net.host_bandwidth_bytes_per_s;  // gradient shard to host
       const double up = ctx.trainable_weight_bytes / N / net.host_bandwidth_bytes_per_s;
-      const double ag = per_unit_collective_s(ctx, Collective::all_gather, false, net);
+      const double ag = per_unit_collective_s(ctx, Collective::all_gather, UnitBytes::updates, net);
       comm = G * (rs + down) + up + ag;
       per_step_exposed = G * exposed(rs + down, backward, time(Collective::reduce_scatter, ctx.block_grad_bytes)) + up + ag;
       bytes = G * wire_bytes(Collective::reduce_scatter, ctx.grad_bytes, N) + wire_bytes(Collective::all_gather, ctx.trainable_weight_bytes, N);

@@ -36,6 +36,7 @@ struct PlanContext {
   // collectives per unit, as FSDP/ZeRO issue them and as the simulator plays them.
   int64_t embedding_weight_bytes = 0, block_weight_bytes = 0, head_weight_bytes = 0;
   int64_t embedding_grad_bytes = 0, block_grad_bytes = 0, head_grad_bytes = 0;
+  int64_t embedding_update_bytes = 0, block_update_bytes = 0, head_update_bytes = 0;  // trainable weights
   int64_t nf4_params = 0;
   int64_t trainable_params = 0;
   int64_t num_gpus = 1;
@@ -66,8 +67,12 @@ struct StepEstimate {
   double flops_per_step = 0;       // model FLOPs per optimizer step, all GPUs
 };
 
+// Which bytes of each unit a collective moves: all its weights (ZeRO-3/FSDP gathers), its
+// gradients (reductions), or its trainable weights (ZeRO-1/2's gather of updated parameters).
+enum class UnitBytes { weights, gradients, updates };
+
 // One collective issued per unit (embedding, every block, head): the sum of their times.
-double per_unit_collective_s(const PlanContext& context, Collective c, bool weights, const Interconnect& net);
+double per_unit_collective_s(const PlanContext& context, Collective c, UnitBytes which, const Interconnect& net);
 
 // DDP's gradient all-reduce in buckets: the first of ddp_first_bucket_bytes, then ddp_bucket_bytes
 // each, then the remainder (a bucket may span units); returns the sum of their times and the last

@@ -315,7 +315,8 @@ OpGraph build_data_parallel_graph(const StepInputs& in) {
   if (offload) graph_add_edge(b.g, b.last_compute[0], step);
   if (offload || gather_after_step) {
     for (int i = 0; i < layers; ++i) {
-      const int64_t bytes = in.layers[i].grad_bytes;  // the updated (trainable) parameters
+      const LayerCost& unit = in.layers[i];  // the updated (trainable) parameters
+      const int64_t bytes = unit.updated_param_bytes >= 0 ? unit.updated_param_bytes : unit.grad_bytes;
       if (bytes == 0) continue;
       OpId after = step;
       if (offload) {

@@ -36,6 +36,7 @@ StepInputs step_inputs_from_plan(const PlanContext& ctx, const Candidate& c, boo
   embedding.name = "embedding";
   embedding.param_bytes = ctx.embedding_weight_bytes;
   embedding.grad_bytes = ctx.embedding_grad_bytes;
+  embedding.updated_param_bytes = ctx.embedding_update_bytes;
   embedding.checkpoint_bytes = block_input;
   embedding.checkpointable = false;
   in.layers.push_back(embedding);
@@ -48,6 +49,7 @@ StepInputs step_inputs_from_plan(const PlanContext& ctx, const Candidate& c, boo
     block.backward_weight_s = ((f.weights_train ? f.block_matmul : 0.0) + f.block_lora) * T * seconds_per_flop;
     block.param_bytes = ctx.block_weight_bytes;
     block.grad_bytes = ctx.block_grad_bytes;
+    block.updated_param_bytes = ctx.block_update_bytes;
     block.saved_activation_bytes = B * mem.block_bytes_per_sample[static_cast<int>(c.attention)];
     block.checkpoint_bytes = block_input;
     in.layers.push_back(block);
@@ -60,6 +62,7 @@ StepInputs step_inputs_from_plan(const PlanContext& ctx, const Candidate& c, boo
   head.backward_weight_s = f.weights_train ? f.head * T * seconds_per_flop : 0.0;
   head.param_bytes = ctx.head_weight_bytes;
   head.grad_bytes = ctx.head_grad_bytes;
+  head.updated_param_bytes = ctx.head_update_bytes;
   head.saved_activation_bytes = B * mem.head_bytes_per_sample;
   head.checkpoint_bytes = block_input;
   head.checkpointable = false;

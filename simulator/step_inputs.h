@@ -26,6 +26,8 @@ struct LayerCost {
   int64_t checkpoint_bytes = 0;      // kept under full checkpointing (the block input); also what
                                      // a pipeline/MP stage sends to the next one
   bool checkpointable = true;        // false for the embedding and the head (never recomputed)
+  int64_t updated_param_bytes = -1;  // trainable weights gathered after a ZeRO-1/2 optimizer step
+                                     // (they differ from grad_bytes under fp32 gradients); -1: grad_bytes
 };
 
 struct StepInputs {

@@ -1,0 +1,19 @@
+#include <iostream>
+
+#include "cli/commands.h"
+#include "planner/compare_report.h"
+#include "planner/json_fields.h"
+
+namespace ftplan::cli {
+
+int run_compare(const CompareOptions& o) {
+  const nlohmann::json plan = read_json_file(o.plan);
+  const nlohmann::json measured = read_json_file(o.measured);
+  if (o.json)
+    std::cout << compare_json(plan, measured).dump(2) << "\n";
+  else
+    std::cout << compare_report(plan, measured);
+  return 0;
+}
+
+}  // namespace ftplan::cli
