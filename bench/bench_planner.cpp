@@ -20,7 +20,7 @@ struct Fixture {
   HardwareSpec hw;
   TrainingSetup setup;
   Fixture() {
-    model = model_spec_from_json(read_json_file(resolve_data_file("llama-3-8b", "configs/models", "model")), "llama-3-8b");
+    model = load_model("llama-3-8b");
     hw = load_hardware("a100-80gb-sxm");
     setup.model = "llama-3-8b";
     setup.gpu = hw.id;

@@ -28,17 +28,19 @@ Candidate chosen_candidate(const LoadedJob& job) {
 
 void rerank_with_simulator(const LoadedJob& job, PlanResult& plan) {
   if (plan.candidates.empty()) return;
-  // The finalists: each strategy's best feasible candidate by the closed form.
+  // The finalists: each strategy's best feasible candidate by the closed form, re-timed by the
+  // simulator (its step time and exposed communication replace the closed form's).
   const PlanContext ctx = prepare_plan(job.model, job.hardware, job.setup, job.setup.num_gpus);
   std::vector<RankedCandidate> finalists;
   for (const auto& o : plan.strategies)
     if (o.feasible) finalists.push_back(o.best);
   for (auto& f : finalists) {
     const sim::StepSimulation s = sim::simulate_step(sim::step_inputs_from_plan(ctx, f.candidate));
-    const double closed_form = f.step.step_time_s;
+    const double scale = s.schedule.step_time_s / f.step.step_time_s;
     f.step.step_time_s = s.schedule.step_time_s;
-    f.step.tokens_per_s = f.step.tokens_per_step / f.step.step_time_s;
-    const double scale = f.step.step_time_s / closed_form;
+    f.step.exposed_comm_s = s.schedule.ranks.at(0).exposed_comm_s + s.schedule.ranks.at(0).exposed_host_s;
+    f.step.tokens_per_s /= scale;
+    f.step.mfu /= scale;
     f.job_time_s *= scale;
     f.gpu_hours *= scale;
     f.cost_usd *= scale;
@@ -47,17 +49,14 @@ void rerank_with_simulator(const LoadedJob& job, PlanResult& plan) {
   }
   std::stable_sort(finalists.begin(), finalists.end(),
                    [](const RankedCandidate& a, const RankedCandidate& b) { return a.score < b.score; });
+  for (size_t i = 1; i < finalists.size(); ++i)
+    for (size_t k = i; k > 0 && ranks_before(finalists[k], finalists[k - 1]); --k) std::swap(finalists[k], finalists[k - 1]);
   for (auto& o : plan.strategies)
     for (const auto& f : finalists)
       if (f.candidate.strategy == o.strategy) o.best = f;
   plan.candidates = finalists;
-  plan.recommended = finalists.front();
-  plan.reason = "simulated: " + to_string(finalists.front().candidate.strategy) + " has the shortest simulated step (" +
-                format_fixed(finalists.front().step.step_time_s, 3) + " s)" +
-                (finalists.size() > 1 ? "; next " + to_string(finalists[1].candidate.strategy) + " at " +
-                                            format_fixed(finalists[1].step.step_time_s, 3) + " s"
-                                      : "") +
-                ". " + plan.reason;
+  explain_plan(plan, job.setup.num_gpus);
+  plan.reason = "ranked by the simulated step: " + plan.reason;
 }
 
 int run_simulate(const SimulateOptions& o) {

@@ -96,9 +96,7 @@ LoadedJob load_job(const JobOptions& o) {
   }
 
   LoadedJob job;
-  std::string config_path = resolve_data_file(s.model, "configs/models", "--model");
-  std::string name = s.model.find('/') == std::string::npos ? s.model : config_path;
-  job.model = model_spec_from_json(read_json_file(config_path), name);
+  job.model = load_model(s.model);
   job.hardware = load_hardware(s.gpu);
   if (s.method != Method::full && s.lora.rank > job.model.hidden_size)
     fail_input("--lora-rank: " + std::to_string(s.lora.rank) + " exceeds hidden_size " +

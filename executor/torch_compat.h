@@ -1,8 +1,15 @@
 // The one place that knows LibTorch 1.13 (Debian's CPU build) from 2.x (the pip wheel's CUDA build).
 // Nothing else in ftexec branches on TORCH_VERSION_*; it asks this header instead.
 //   - SDPA: at::scaled_dot_product_attention with `scale` exists from 2.1, `enable_gqa` from 2.5.
-//   - c10d: ProcessGroupGloo/NCCL derive from c10d::ProcessGroup in 1.13 and c10d::Backend in 2.x
-//     (for the distributed executor, issue 6; no c10d header is included here yet).
+//   - c10d: ProcessGroupGloo/NCCL derive from c10d::ProcessGroup in 1.13 and c10d::Backend in 2.x:
+//     compat::C10dGroup names the base, make_gloo_group()/make_nccl_group() build one. The c10d part is
+//     compiled only in the translation unit that defines FTEXEC_INCLUDE_C10D before this header
+//     (executor/comm.cpp), so the other executor sources stay free of c10d and Gloo headers.
+//   - autograd: a hook after a leaf's gradient is accumulated (DDP's and ZeRO's trigger) goes on the
+//     leaf's AccumulateGrad node (what c10d's Reducer does in 1.13; Python's
+//     register_post_accumulate_grad_hook arrived in 2.1 on top of the same node).
+//   - storage: FSDP/ZeRO-3 free a gathered unit by resizing its storage to 0 bytes and refill it later,
+//     so the tensors autograd saved keep their identity (storage_resize()).
 //   - CUDA caching-allocator statistics: the aggregate entry is index [0] in both (the StatType enum
 //     moved in 2.x), read through cuda_memory_stats() below.
 // CUDA code is compiled only when the LibTorch found by CMake has CUDA (FTEXEC_WITH_CUDA).
@@ -13,9 +20,24 @@
 #include <ATen/ATen.h>
 #include <torch/version.h>
 
+#include <functional>
+#include <memory>
+
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
 #if defined(FTEXEC_WITH_CUDA)
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <cuda_runtime_api.h>
+#endif
+
+#if defined(FTEXEC_INCLUDE_C10D)
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#if defined(USE_C10D_NCCL) && defined(FTEXEC_WITH_CUDA)
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
 #endif
 
 #define FTEXEC_TORCH_AT_LEAST(major, minor) \
@@ -109,5 +131,67 @@ inline void cuda_synchronize() {
   cudaDeviceSynchronize();
 #endif
 }
+
+// ---- autograd hooks ----------------------------------------------------------------------------
+// Calls `fn` each time autograd has accumulated a gradient into leaf `param` (param.grad() is then
+// up to date). Returns the AccumulateGrad node: keep it alive as long as the hook must fire (the
+// leaf only holds a weak reference to it).
+inline std::shared_ptr<torch::autograd::Node> add_post_accumulate_hook(const at::Tensor& param, std::function<void()> fn) {
+  auto acc = torch::autograd::impl::grad_accumulator(param);
+  TORCH_CHECK(acc, "add_post_accumulate_hook: the tensor is not a leaf that requires grad");
+  acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+      [fn = std::move(fn)](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
+        fn();
+        return outputs;
+      }));
+  return acc;
+}
+
+// ---- storage -----------------------------------------------------------------------------------
+// Gives `t`'s storage `nbytes` fresh (uninitialised) bytes from its allocator, or frees them
+// (nbytes 0). Every tensor sharing the storage sees the change; their sizes and offsets stay.
+inline void storage_resize(const at::Tensor& t, size_t nbytes) {
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  if (s->nbytes() == nbytes) return;
+  s->set_data_ptr_noswap(nbytes ? s->allocator()->allocate(nbytes) : at::DataPtr(nullptr, s->device()));
+  s->set_nbytes(nbytes);
+}
+
+// ---- c10d --------------------------------------------------------------------------------------
+#if defined(FTEXEC_INCLUDE_C10D)
+#if FTEXEC_TORCH_AT_LEAST(2, 0)
+using C10dGroup = c10d::Backend;       // ProcessGroupGloo/NCCL derive from Backend in 2.x
+#else
+using C10dGroup = c10d::ProcessGroup;  // ... and from ProcessGroup in 1.13
+#endif
+
+inline c10::intrusive_ptr<C10dGroup> make_gloo_group(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                                     std::chrono::milliseconds timeout, const std::string& host) {
+  auto options = c10d::ProcessGroupGloo::Options::create(timeout);
+  options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(host));
+  options->threads = 1;
+  return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, options);
+}
+
+constexpr bool kHasNccl =
+#if defined(USE_C10D_NCCL) && defined(FTEXEC_WITH_CUDA)
+    true;
+#else
+    false;
+#endif
+
+// NCCL (CUDA builds of LibTorch 2.x only; cannot be compiled against Debian's CPU 1.13).
+inline c10::intrusive_ptr<C10dGroup> make_nccl_group(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                                     std::chrono::milliseconds timeout) {
+#if defined(USE_C10D_NCCL) && defined(FTEXEC_WITH_CUDA)
+  auto options = c10d::ProcessGroupNCCL::Options::create();
+  options->timeout = timeout;
+  return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, options);
+#else
+  (void)store, (void)rank, (void)size, (void)timeout;
+  TORCH_CHECK(false, "NCCL: this ftexec was built without USE_C10D_NCCL / CUDA (libtorch ", TORCH_VERSION, ")");
+#endif
+}
+#endif  // FTEXEC_INCLUDE_C10D
 
 }  // namespace ftexec::compat

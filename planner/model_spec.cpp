@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "planner/data_paths.h"
 #include "planner/errors.h"
 #include "planner/json_fields.h"
 
@@ -83,6 +84,13 @@ ModelSpec model_spec_from_json(const nlohmann::json& c, const std::string& name)
   if (per_layer * m.num_layers + 2.0 * m.vocab_size * h > 1e15)
     fail_input(where + ": hidden_size: the model would have over 1e15 parameters");
   return m;
+}
+
+ModelSpec load_model(const std::string& name_or_path) {
+  const std::string path = resolve_data_file(name_or_path, "configs/models", "--model");
+  const bool is_name = name_or_path.find('/') == std::string::npos &&
+                       name_or_path.find(".json") == std::string::npos;
+  return model_spec_from_json(read_json_file(path), is_name ? name_or_path : path);
 }
 
 std::array<LinearShape, 7> block_linears(const ModelSpec& m) {

@@ -57,6 +57,9 @@ struct ParamCounts {
 // Parses and validates a config.json object; throws ftplan::InputError naming the field.
 ModelSpec model_spec_from_json(const nlohmann::json& config, const std::string& name);
 
+// Reads a config.json by short name (configs/models/<name>.json, see data_paths.h) or path.
+ModelSpec load_model(const std::string& name_or_path);
+
 ParamCounts count_params(const ModelSpec& model);
 
 // The linear layers of one block, by their Hugging Face module names.

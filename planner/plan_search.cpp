@@ -124,13 +124,14 @@ SearchSpace search_space(const ModelSpec& model, const HardwareSpec& hw, const T
   return space;
 }
 
-RankedCandidate evaluate_candidate(const PlanContext& ctx, const Candidate& c, Objective objective, bool explain) {
+RankedCandidate evaluate_candidate(const PlanContext& ctx, const Candidate& c, Objective objective, bool explain,
+                                   const StepOptions& options) {
   const TrainingSetup& setup = *ctx.memory.setup;
   const HardwareSpec& hw = *ctx.memory.hw;
   RankedCandidate r;
   r.candidate = c;
   r.memory = estimate_memory(ctx.memory, c, ctx.num_gpus, explain);
-  r.step = estimate_step(ctx, c);
+  r.step = estimate_step(ctx, c, options);
   r.gpus_used = r.memory.gpus_used;
   const double usd_per_s = r.gpus_used * hw.price_usd_per_gpu_hour / 3600.0;
   r.cost_usd_per_million_tokens = 1e6 / r.step.tokens_per_s * usd_per_s;
@@ -151,7 +152,6 @@ RankedCandidate evaluate_candidate(const PlanContext& ctx, const Candidate& c, O
 
 PlanResult plan_job(const ModelSpec& model, const HardwareSpec& hw, const TrainingSetup& setup, Objective objective,
                     const StepOptions& options) {
-  (void)options;
   PlanResult result;
   result.objective = objective;
   const PlanContext ctx = prepare_plan(model, hw, setup, setup.num_gpus);
@@ -165,7 +165,7 @@ PlanResult plan_job(const ModelSpec& model, const HardwareSpec& hw, const Traini
     for (Checkpointing ck : space.checkpointing)
       for (Attention at : space.attention)
         for (int64_t b : space.micro_batches) {
-          RankedCandidate r = evaluate_candidate(ctx, {strategy, b, ck, at}, objective);
+          RankedCandidate r = evaluate_candidate(ctx, {strategy, b, ck, at}, objective, false, options);
           ++result.evaluated;
           if (r.memory.fits) {
             result.candidates.push_back(r);
@@ -177,7 +177,7 @@ PlanResult plan_job(const ModelSpec& model, const HardwareSpec& hw, const Traini
           }
         }
     // Re-evaluate the kept candidate with its explanation.
-    outcome.best = evaluate_candidate(ctx, outcome.best.candidate, objective, true);
+    outcome.best = evaluate_candidate(ctx, outcome.best.candidate, objective, true, options);
     result.strategies.push_back(outcome);
   }
   std::stable_sort(result.candidates.begin(), result.candidates.end(), better);
@@ -186,7 +186,6 @@ PlanResult plan_job(const ModelSpec& model, const HardwareSpec& hw, const Traini
     for (size_t k = i; k > 0 && ranks_before(result.candidates[k], result.candidates[k - 1]); --k)
       std::swap(result.candidates[k], result.candidates[k - 1]);
 
-  const int64_t N = setup.num_gpus;
   // The seeds' rules of thumb: fits one GPU -> DDP (one GPU -> single); else FSDP/ZeRO-3; naive MP
   // always runs, slowly.
   bool fits_one = false;
@@ -200,6 +199,14 @@ PlanResult plan_job(const ModelSpec& model, const HardwareSpec& hw, const Traini
       fits_one = fits_one || estimate_memory(ctx1.memory, {Strategy::single, 1, ck, space.attention[0]}, 1, false).fits;
   }
 
+  result.fits_one_gpu = fits_one;
+  explain_plan(result, setup.num_gpus);
+  return result;
+}
+
+void explain_plan(PlanResult& result, int64_t N) {
+  const Objective objective = result.objective;
+  const bool fits_one = result.fits_one_gpu;
   if (result.candidates.empty()) {
     result.reason = "no strategy fits: every candidate runs out of memory (smallest needs shown per strategy)";
   } else {
@@ -268,7 +275,6 @@ PlanResult plan_job(const ModelSpec& model, const HardwareSpec& hw, const Traini
     }
   }
   result.rule_of_thumb = r.str();
-  return result;
 }
 
 }  // namespace ftplan

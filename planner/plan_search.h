@@ -43,6 +43,7 @@ struct PlanResult {
   std::string reason;         // why the winner beats the runner-up
   std::string rule_of_thumb;  // the seeds' rules, and whether the numbers agree
   int64_t evaluated = 0;      // candidates evaluated
+  bool fits_one_gpu = false;  // some candidate fits a single GPU (the rules of thumb hinge on it)
 };
 
 struct SearchSpace {
@@ -56,7 +57,7 @@ SearchSpace search_space(const ModelSpec& model, const HardwareSpec& hw, const T
 
 // Evaluates one candidate (memory and step time, job time and cost): the search's inner loop.
 RankedCandidate evaluate_candidate(const PlanContext& context, const Candidate& candidate, Objective objective,
-                                   bool explain = false);
+                                   bool explain = false, const StepOptions& options = {});
 
 // The ranking order: lower score first; plans within 0.5% of each other go to the simpler strategy
 // (single, ddp, zero1, zero2, fsdp, zero3, ..., offload last).
@@ -64,5 +65,9 @@ bool ranks_before(const RankedCandidate& a, const RankedCandidate& b);
 
 PlanResult plan_job(const ModelSpec& model, const HardwareSpec& hw, const TrainingSetup& setup,
                     Objective objective, const StepOptions& options = {});
+
+// Fills recommended, reason, each strategy's verdict and the rule-of-thumb line from the ranked
+// candidates (plan_job calls it; a re-ranking such as --simulate calls it again).
+void explain_plan(PlanResult& plan, int64_t num_gpus);
 
 }  // namespace ftplan

@@ -2,13 +2,8 @@
 # Bad input (issue 2, item 6): each case exits with code exactly 2, prints exactly one line on
 # stderr that names the offending field, and never crashes (no "terminate", no "Aborted").
 # Usage: bash bad_input.sh <path-to-ftplan>
-set -u
-FTPLAN=${1:?usage: bad_input.sh <path-to-ftplan>}
-: "${FTPLAN_DATA_DIR:?FTPLAN_DATA_DIR must point at the repository root}"
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+SCRIPT=bad_input.sh
+source "$(dirname "$0")/lib/harness.sh"
 
 # expect_bad NAME FIELD ARGS...: ftplan ARGS must exit 2 with one stderr line containing FIELD.
 expect_bad() {

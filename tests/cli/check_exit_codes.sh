@@ -2,13 +2,8 @@
 # ftplan check, the CI gate (issue 3, item 6): exit 0 when the recommended plan meets every limit,
 # 1 when it violates one (naming which and by how much), 2 on bad input.
 # Usage: bash check_exit_codes.sh <path-to-ftplan>
-set -u
-FTPLAN=${1:?usage: check_exit_codes.sh <path-to-ftplan>}
-: "${FTPLAN_DATA_DIR:?FTPLAN_DATA_DIR must point at the repository root}"
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+SCRIPT=check_exit_codes.sh
+source "$(dirname "$0")/lib/harness.sh"
 
 JOB="$FTPLAN_DATA_DIR/configs/jobs/tinyllama-lora-4x-rtx6000ada.json"
 

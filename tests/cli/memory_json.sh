@@ -1,13 +1,8 @@
 #!/usr/bin/env bash
 # ftplan memory --json: the output contract other tools rely on (issue 2, item 5), for the flag
 # form and the job-file form. Usage: bash memory_json.sh <path-to-ftplan>
-set -u
-FTPLAN=${1:?usage: memory_json.sh <path-to-ftplan>}
-: "${FTPLAN_DATA_DIR:?FTPLAN_DATA_DIR must point at the repository root}"
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+SCRIPT=memory_json.sh
+source "$(dirname "$0")/lib/harness.sh"
 
 # 1. Flags. Expected figures by hand: Llama-3-8B has 8,030,261,248 parameters; LoRA r=16 on
 # q_proj,v_proj trains 32 x 16 x ((4096+4096) + (4096+1024)) = 6,815,744.

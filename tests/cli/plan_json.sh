@@ -1,13 +1,8 @@
 #!/usr/bin/env bash
 # ftplan plan --json and -o plan.json (issue 3, item 5): the keys the CI, ftexec and outside
 # tools rely on. Usage: bash plan_json.sh <path-to-ftplan>
-set -u
-FTPLAN=${1:?usage: plan_json.sh <path-to-ftplan>}
-: "${FTPLAN_DATA_DIR:?FTPLAN_DATA_DIR must point at the repository root}"
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+SCRIPT=plan_json.sh
+source "$(dirname "$0")/lib/harness.sh"
 
 JOB="$FTPLAN_DATA_DIR/configs/jobs/tinyllama-lora-4x-rtx6000ada.json"
 

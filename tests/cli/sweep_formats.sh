@@ -1,13 +1,8 @@
 #!/usr/bin/env bash
 # ftplan sweep (issue 3, item 6): the same rows as CSV, Markdown and JSON, and --cheapest /
 # --fastest printing one row. Usage: bash sweep_formats.sh <path-to-ftplan>
-set -u
-FTPLAN=${1:?usage: sweep_formats.sh <path-to-ftplan>}
-: "${FTPLAN_DATA_DIR:?FTPLAN_DATA_DIR must point at the repository root}"
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+SCRIPT=sweep_formats.sh
+source "$(dirname "$0")/lib/harness.sh"
 
 JOB="$FTPLAN_DATA_DIR/configs/jobs/tinyllama-lora-4x-rtx6000ada.json"
 SWEEP=(sweep "$JOB" --gpu-types a100-80gb-sxm,rtx-4090,l4 --gpu-counts 1,2,4)

@@ -19,6 +19,7 @@
 #include "planner/training_setup.h"
 
 using Catch::Matchers::WithinRel;
+using ftplan::load_model;
 using ftplan::Attention;
 using ftplan::Candidate;
 using ftplan::Checkpointing;
@@ -26,11 +27,6 @@ using ftplan::Method;
 using ftplan::Strategy;
 
 namespace {
-
-ftplan::ModelSpec load_model(const std::string& name) {
-  return ftplan::model_spec_from_json(
-      ftplan::read_json_file(ftplan::data_dir() + "/configs/models/" + name + ".json"), name);
-}
 
 ftplan::TrainingSetup make_setup(const std::string& model, Method method, int64_t gpus, int64_t seq_len) {
   ftplan::TrainingSetup s;

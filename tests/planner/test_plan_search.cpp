@@ -18,6 +18,7 @@
 using Catch::Matchers::Contains;
 using Catch::Matchers::StartsWith;
 using Catch::Matchers::WithinRel;
+using ftplan::load_model;
 using ftplan::Attention;
 using ftplan::Checkpointing;
 using ftplan::Method;
@@ -28,11 +29,6 @@ namespace {
 
 // plan_search.cpp prefers the simpler strategy among plans within 0.5% of each other.
 constexpr double kTie = 0.005;
-
-ftplan::ModelSpec load_model(const std::string& name) {
-  return ftplan::model_spec_from_json(
-      ftplan::read_json_file(ftplan::data_dir() + "/configs/models/" + name + ".json"), name);
-}
 
 ftplan::TrainingSetup load_job(const std::string& name) {
   return ftplan::training_setup_from_json(

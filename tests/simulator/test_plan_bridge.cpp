@@ -27,7 +27,7 @@ Job load_job_file(const std::string& name) {
   Job j;
   const std::string path = std::string(FTPLAN_SOURCE_DIR) + "/configs/jobs/" + name + ".json";
   j.setup = training_setup_from_json(read_json_file(path), path);
-  j.model = model_spec_from_json(read_json_file(resolve_data_file(j.setup.model, "configs/models", "model")), j.setup.model);
+  j.model = load_model(j.setup.model);
   j.hw = load_hardware(j.setup.gpu);
   return j;
 }
