@@ -210,14 +210,7 @@ struct BlockCheckpoint : public torch::autograd::Function<BlockCheckpoint> {
 };
 
 at::Tensor run_blocks(LlamaModel& m, at::Tensor h) {
-  for (int64_t i = 0; i < static_cast<int64_t>(m.layers.size()); ++i) {
-    if (m.options.checkpointing && at::GradMode::is_enabled()) {
-      std::vector<at::Tensor> trainable = block_trainable_tensors(m.layers[i]);
-      h = BlockCheckpoint::apply(h, reinterpret_cast<int64_t>(&m), i, at::TensorList(trainable));
-    } else {
-      h = llama_block_forward(m, i, h);
-    }
-  }
+  for (int64_t i = 0; i < static_cast<int64_t>(m.layers.size()); ++i) h = llama_block_apply(m, i, h);
   return h;
 }
 
@@ -487,6 +480,30 @@ at::Tensor llama_block_forward(LlamaModel& m, int64_t layer, const at::Tensor& x
   return h + mlp(m, blk, rms_norm(h, blk.post_attention_layernorm, eps));
 }
 
+at::Tensor llama_block_apply(LlamaModel& m, int64_t layer, const at::Tensor& x) {
+  if (m.options.checkpointing && at::GradMode::is_enabled()) {
+    ensure_caches(m, x.size(1));
+    std::vector<at::Tensor> trainable = block_trainable_tensors(m.layers[layer]);
+    return BlockCheckpoint::apply(x, reinterpret_cast<int64_t>(&m), layer, at::TensorList(trainable));
+  }
+  return llama_block_forward(m, layer, x);
+}
+
+at::Tensor llama_embed(LlamaModel& m, const at::Tensor& input_ids) {
+  ensure_caches(m, input_ids.size(1));
+  return at::embedding(m.embed_tokens, input_ids);
+}
+
+at::Tensor llama_head_loss(LlamaModel& m, const at::Tensor& h, const at::Tensor& labels) {
+  at::Tensor logprobs;
+  {
+    // The logits die at the end of this scope: log_softmax keeps its fp32 output, not its input.
+    at::Tensor logits = at::linear(rms_norm(h, m.norm, m.spec.rms_norm_eps), m.head_weight());
+    logprobs = at::log_softmax(logits.to(at::kFloat), -1);
+  }
+  return at::nll_loss(logprobs.view({-1, m.spec.vocab_size}), labels.reshape({-1}), {}, at::Reduction::Mean, -100);
+}
+
 at::Tensor llama_hidden(LlamaModel& m, const at::Tensor& input_ids) {
   ensure_caches(m, input_ids.size(1));
   at::Tensor h = run_blocks(m, at::embedding(m.embed_tokens, input_ids));
@@ -494,13 +511,7 @@ at::Tensor llama_hidden(LlamaModel& m, const at::Tensor& input_ids) {
 }
 
 at::Tensor llama_loss(LlamaModel& m, const at::Tensor& input_ids, const at::Tensor& labels) {
-  at::Tensor logprobs;
-  {
-    // The logits die at the end of this scope: log_softmax keeps its fp32 output, not its input.
-    at::Tensor logits = at::linear(llama_hidden(m, input_ids), m.head_weight());
-    logprobs = at::log_softmax(logits.to(at::kFloat), -1);
-  }
-  return at::nll_loss(logprobs.view({-1, m.spec.vocab_size}), labels.reshape({-1}), {}, at::Reduction::Mean, -100);
+  return llama_head_loss(m, run_blocks(m, llama_embed(m, input_ids)), labels);
 }
 
 }  // namespace ftexec

@@ -102,7 +102,14 @@ at::Tensor llama_loss(LlamaModel& model, const at::Tensor& input_ids, const at::
 // Final hidden states [B, S, hidden] after the last norm (no head): for tests and inference.
 at::Tensor llama_hidden(LlamaModel& model, const at::Tensor& input_ids);
 
-// One decoder block on x [B, S, hidden]: exposed for the checkpointing test.
+// The model in its units, as the distributed strategies run it (llama_loss is their composition):
+// the embedding of input_ids [B, S]; one block, checkpointed when options.checkpointing and grad mode
+// is on; the final norm, head and mean cross-entropy of hidden states [B, S, hidden].
+at::Tensor llama_embed(LlamaModel& model, const at::Tensor& input_ids);
+at::Tensor llama_block_apply(LlamaModel& model, int64_t layer, const at::Tensor& x);
+at::Tensor llama_head_loss(LlamaModel& model, const at::Tensor& hidden, const at::Tensor& labels);
+
+// One decoder block on x [B, S, hidden] (never checkpointed): exposed for the checkpointing test.
 at::Tensor llama_block_forward(LlamaModel& model, int64_t layer, const at::Tensor& x);
 
 // Tensors <-> safetensors entries (CPU, contiguous; the tensor must outlive the entry).

@@ -68,6 +68,16 @@ int64_t AdamW::state_bytes() const {
   return bytes;
 }
 
+std::vector<std::pair<std::string, at::Tensor>> AdamW::named_state() const {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    out.emplace_back("exp_avg." + std::to_string(i), slots_[i].m);
+    out.emplace_back("exp_avg_sq." + std::to_string(i), slots_[i].v);
+    if (slots_[i].master.defined()) out.emplace_back("master." + std::to_string(i), slots_[i].master);
+  }
+  return out;
+}
+
 // ---- Trainer -----------------------------------------------------------------------------------
 
 std::vector<at::Tensor> set_trainable(LlamaModel& model, ftplan::Method method) {

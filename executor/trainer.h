@@ -35,6 +35,11 @@ class AdamW {
   void step();
   int64_t state_bytes() const;  // moments + master copies
   AdamWOptions& options() { return options_; }
+  // For checkpoints: the update count and the state tensors ("exp_avg.<i>", "exp_avg_sq.<i>",
+  // "master.<i>" for parameter i), live (load copies into them).
+  int64_t step_count() const { return t_; }
+  void set_step_count(int64_t t) { t_ = t; }
+  std::vector<std::pair<std::string, at::Tensor>> named_state() const;
 
  private:
   struct Slot {

@@ -1,0 +1,391 @@
+// The only translation unit that includes c10d (through torch_compat.h).
+#define FTEXEC_INCLUDE_C10D
+#include "executor/torch_compat.h"
+
+#include "executor/comm.h"
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+
+#include "executor/run_job.h"
+#include "planner/collectives.h"
+
+namespace ftexec {
+
+const char* comm_op_name(CommOp op) {
+  switch (op) {
+    case CommOp::all_reduce: return "all_reduce";
+    case CommOp::reduce_scatter: return "reduce_scatter";
+    case CommOp::all_gather: return "all_gather";
+    case CommOp::broadcast: return "broadcast";
+    case CommOp::send: return "send";
+    case CommOp::control: return "control";
+  }
+  return "?";
+}
+
+double CommStats::payload_bytes() const {
+  double b = 0;
+  for (int i = 0; i < kCommOps; ++i)
+    if (i != static_cast<int>(CommOp::control)) b += ops[i].wire_bytes;
+  return b;
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using Ms = std::chrono::milliseconds;
+constexpr int kRingTag = 1;  // ring collectives
+constexpr int kP2pTag = 2;   // pipeline point to point
+constexpr double kHeartbeatS = 0.5;
+
+double now_s() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
+
+std::string what_of(const std::exception& e) {
+  if (auto* c = dynamic_cast<const c10::Error*>(&e)) return c->what_without_backtrace();
+  return e.what();
+}
+
+ftplan::Collective planner_op(CommOp op) {
+  switch (op) {
+    case CommOp::all_reduce: return ftplan::Collective::all_reduce;
+    case CommOp::reduce_scatter: return ftplan::Collective::reduce_scatter;
+    case CommOp::all_gather: return ftplan::Collective::all_gather;
+    case CommOp::broadcast: return ftplan::Collective::broadcast;
+    default: return ftplan::Collective::send_recv;
+  }
+}
+
+class GlooComm final : public Comm {
+ public:
+  explicit GlooComm(const CommOptions& o) : o_(o), timeout_(Ms(static_cast<int64_t>(o.timeout_s * 1000))) {
+    c10d::TCPStoreOptions so;
+    so.port = static_cast<uint16_t>(o.master_port);
+    so.isServer = o.host_store && o.rank == 0;
+    so.numWorkers = o.host_store ? c10::optional<std::size_t>(o.world) : c10::nullopt;
+    so.waitWorkers = false;
+    so.timeout = timeout_;
+    try {
+      store_ = c10::make_intrusive<c10d::TCPStore>(o.master_addr, so);
+      so.isServer = false;
+      hb_store_ = c10::make_intrusive<c10d::TCPStore>(o.master_addr, so);
+      auto pg_store = c10::make_intrusive<c10d::PrefixStore>("ftexec/pg", store_);
+      if (o.backend == "nccl") {
+        pg_ = compat::make_nccl_group(pg_store, o.rank, o.world, timeout_);
+      } else {
+        pg_ = compat::make_gloo_group(pg_store, o.rank, o.world, timeout_, o.master_addr);
+      }
+    } catch (const std::exception& e) {
+      throw RuntimeFailure("rank " + std::to_string(o.rank) + ": rendezvous at " + o.master_addr + ":" +
+                           std::to_string(o.master_port) + " (world size " + std::to_string(o.world) +
+                           ") failed within " + std::to_string(o.timeout_s) + " s: " + what_of(e));
+    }
+    heartbeat_ = std::thread([this] { heartbeat_loop(); });
+  }
+
+  ~GlooComm() override {
+    {
+      std::lock_guard<std::mutex> lock(hb_mutex_);
+      stop_ = true;
+    }
+    hb_cv_.notify_all();
+    if (heartbeat_.joinable()) heartbeat_.join();
+  }
+
+  int rank() const override { return o_.rank; }
+  int world() const override { return o_.world; }
+  double timeout_s() const override { return o_.timeout_s; }
+
+  void all_reduce_sum(const at::Tensor& t, double padding) override {
+    all_reduce_sum_async(t, padding);
+    wait_all();
+  }
+
+  void all_reduce_sum_async(const at::Tensor& t, double padding) override {
+    Timer timer(this);
+    begin(CommOp::all_reduce);
+    count(CommOp::all_reduce, reduce_bytes(t), padding);
+    Pending p;
+    p.target = t;
+    p.buffer = needs_fp32(t) ? t.to(at::kFloat) : t;
+    std::vector<at::Tensor> v{p.buffer};
+    p.work = guarded("all_reduce", [&] { return pg_->allreduce(v); });
+    pending_.push_back(std::move(p));
+  }
+
+  void wait_all() override {
+    Timer timer(this);
+    for (auto& p : pending_) {
+      wait(p.work, "all_reduce", -1);
+      if (!p.buffer.is_same(p.target)) p.target.copy_(p.buffer);
+    }
+    pending_.clear();
+  }
+
+  void reduce_scatter_sum(const at::Tensor& flat_in, double padding) override {
+    Timer timer(this);
+    const int N = o_.world, r = o_.rank;
+    check_flat(flat_in, "reduce_scatter_sum");
+    begin(CommOp::reduce_scatter);
+    count(CommOp::reduce_scatter, reduce_bytes(flat_in), padding);
+    if (N == 1) return;
+    at::NoGradGuard no_grad;
+    at::Tensor flat = needs_fp32(flat_in) ? flat_in.to(at::kFloat) : alias(flat_in);
+    const int64_t n = flat.numel() / N;
+    at::Tensor scratch = at::empty({n}, flat.options());
+    const int next = (r + 1) % N, prev = (r + N - 1) % N;
+    for (int s = 0; s < N - 1; ++s) {
+      const int send_idx = ((r - s - 1) % N + N) % N, recv_idx = ((r - s - 2) % N + N) % N;
+      std::vector<at::Tensor> out{flat.narrow(0, send_idx * n, n)}, in{scratch};
+      auto ws = guarded("reduce_scatter", [&] { return pg_->send(out, next, kRingTag); });
+      auto wr = guarded("reduce_scatter", [&] { return pg_->recv(in, prev, kRingTag); });
+      wait(wr, "reduce_scatter", prev);
+      wait(ws, "reduce_scatter", next);
+      flat.narrow(0, recv_idx * n, n).add_(scratch);
+    }
+    if (!flat.is_same(flat_in)) alias(flat_in).narrow(0, r * n, n).copy_(flat.narrow(0, r * n, n));
+  }
+
+  void all_gather(const at::Tensor& flat_in, double padding) override {
+    Timer timer(this);
+    const int N = o_.world, r = o_.rank;
+    check_flat(flat_in, "all_gather");
+    begin(CommOp::all_gather);
+    count(CommOp::all_gather, double(flat_in.nbytes()), padding);
+    if (N == 1) return;
+    at::Tensor flat = alias(flat_in);  // raw bytes: no version-counter bump, any dtype
+    const int64_t n = flat.numel() / N;
+    const int next = (r + 1) % N, prev = (r + N - 1) % N;
+    for (int s = 0; s < N - 1; ++s) {
+      const int send_idx = ((r - s) % N + N) % N, recv_idx = ((r - s - 1) % N + N) % N;
+      std::vector<at::Tensor> out{flat.narrow(0, send_idx * n, n)}, in{flat.narrow(0, recv_idx * n, n)};
+      auto ws = guarded("all_gather", [&] { return pg_->send(out, next, kRingTag); });
+      auto wr = guarded("all_gather", [&] { return pg_->recv(in, prev, kRingTag); });
+      wait(wr, "all_gather", prev);
+      wait(ws, "all_gather", next);
+    }
+  }
+
+  void broadcast(const at::Tensor& t, int root) override {
+    Timer timer(this);
+    begin(CommOp::broadcast);
+    count(CommOp::broadcast, double(t.nbytes()), 0);
+    std::vector<at::Tensor> v{alias(t)};
+    c10d::BroadcastOptions opts;
+    opts.rootRank = root;
+    auto w = guarded("broadcast", [&] { return pg_->broadcast(v, opts); });
+    wait(w, "broadcast", root);
+  }
+
+  void send(const at::Tensor& t, int dst) override {
+    Timer timer(this);
+    begin(CommOp::send);
+    count(CommOp::send, double(t.nbytes()), 0);
+    std::vector<at::Tensor> v{alias(t.contiguous())};
+    auto w = guarded("send", [&] { return pg_->send(v, dst, kP2pTag); });
+    wait(w, "send", dst);
+  }
+
+  void recv(const at::Tensor& t, int src) override {
+    Timer timer(this);
+    begin(CommOp::send);  // counted by the sender
+    TORCH_CHECK(t.is_contiguous(), "recv: the tensor must be contiguous");
+    std::vector<at::Tensor> v{alias(t)};
+    auto w = guarded("recv", [&] { return pg_->recv(v, src, kP2pTag); });
+    wait(w, "recv", src);
+  }
+
+  void barrier() override {
+    Timer timer(this);
+    begin(CommOp::control);
+    auto w = guarded("barrier", [&] { return pg_->barrier(); });
+    wait(w, "barrier", -1);
+  }
+
+  double all_reduce_scalar(double value, bool max) override {
+    Timer timer(this);
+    begin(CommOp::control);
+    at::Tensor t = at::full({1}, value, at::TensorOptions().dtype(at::kDouble));
+    count(CommOp::control, ftplan::wire_bytes(ftplan::Collective::all_reduce, 8, o_.world), 0, /*formula=*/false);
+    std::vector<at::Tensor> v{t};
+    c10d::AllreduceOptions opts;
+    opts.reduceOp = max ? c10d::ReduceOp::MAX : c10d::ReduceOp::SUM;
+    auto w = guarded("all_reduce (control)", [&] { return pg_->allreduce(v, opts); });
+    wait(w, "all_reduce (control)", -1);
+    return t.item<double>();
+  }
+
+  void set_step(int64_t step) override { step_.store(step); }
+
+  void report_failure(const std::string& what) override {
+    try {
+      const std::string v = what.substr(0, 400);
+      std::lock_guard<std::mutex> io(io_mutex_);
+      hb_store_->set("ftexec/failed/" + std::to_string(o_.rank), std::vector<uint8_t>(v.begin(), v.end()));
+    } catch (...) {
+    }
+  }
+
+  CommStats stats() const override { return stats_; }
+  void reset_stats() override { stats_ = CommStats{}; }
+
+ private:
+  struct Pending {
+    at::Tensor target, buffer;
+    c10::intrusive_ptr<c10d::Work> work;
+  };
+  struct Timer {
+    GlooComm* c;
+    Clock::time_point t0 = Clock::now();
+    explicit Timer(GlooComm* comm) : c(comm) {}
+    ~Timer() { c->stats_.time_s += std::chrono::duration<double>(Clock::now() - t0).count(); }
+  };
+
+  static bool needs_fp32(const at::Tensor& t) {
+    return t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf;
+  }
+  static double reduce_bytes(const at::Tensor& t) { return double(t.numel()) * (needs_fp32(t) ? 4 : t.element_size()); }
+
+  // A tensor over the same bytes with its own version counter (c10d writes without autograd).
+  static at::Tensor alias(const at::Tensor& t) {
+    return at::from_blob(t.data_ptr(), t.sizes(), t.strides(), t.options().requires_grad(false));
+  }
+
+  void check_flat(const at::Tensor& flat, const char* what) const {
+    TORCH_CHECK(flat.dim() == 1 && flat.is_contiguous(), what, ": expected a contiguous 1-D buffer");
+    TORCH_CHECK(flat.numel() % o_.world == 0, what, ": ", flat.numel(), " elements is not a multiple of the world size ",
+                o_.world, " (pad the flat buffer)");
+  }
+
+  void count(CommOp op, double bytes, double padding, bool formula = true) {
+    auto& c = stats_.ops[static_cast<int>(op)];
+    c.calls += 1;
+    const double scale = bytes > 0 ? ftplan::wire_bytes(planner_op(op), bytes, o_.world) / bytes : 0;
+    c.wire_bytes += formula ? ftplan::wire_bytes(planner_op(op), bytes, o_.world) : bytes;
+    c.padding_bytes += padding * scale;
+  }
+
+  void begin(CommOp op) {
+    seq_.fetch_add(1);
+    op_.store(static_cast<int>(op));
+  }
+
+  template <class F>
+  c10::intrusive_ptr<c10d::Work> guarded(const char* what, F&& f) {
+    try {
+      return f();
+    } catch (const std::exception& e) {
+      fail(what, -1, what_of(e));
+    }
+  }
+
+  void wait(const c10::intrusive_ptr<c10d::Work>& w, const char* what, int peer) {
+    bool ok = false;
+    try {
+      ok = w->wait(timeout_);
+    } catch (const std::exception& e) {
+      fail(what, peer, what_of(e));
+    }
+    if (!ok) fail(what, peer, "timed out");
+  }
+
+  [[noreturn]] void fail(const char* what, int peer, const std::string& detail) {
+    std::ostringstream m;
+    m << "rank " << o_.rank << ": " << what;
+    if (peer >= 0) m << " with rank " << peer;
+    m << " failed at step " << step_.load() << " (collective #" << seq_.load() << ", timeout " << o_.timeout_s
+      << " s): " << detail.substr(0, 300);
+    const std::string who = diagnose();
+    if (!who.empty()) m << "; " << who;
+    throw RuntimeFailure(m.str());
+  }
+
+  // What the store says about the other ranks: failures they reported, heartbeats that stopped,
+  // ranks behind this one. Best effort: the store lives in rank 0.
+  std::string diagnose() {
+    std::vector<std::string> notes;
+    std::lock_guard<std::mutex> io(io_mutex_);
+    try {
+      hb_store_->setTimeout(Ms(2000));
+      const double t = now_s();
+      const int64_t my_seq = seq_.load();
+      for (int k = 0; k < o_.world; ++k) {
+        if (k == o_.rank) continue;
+        const std::string fk = "ftexec/failed/" + std::to_string(k);
+        if (hb_store_->check({fk})) {
+          auto v = hb_store_->get(fk);
+          notes.push_back("rank " + std::to_string(k) + " reported: " + std::string(v.begin(), v.end()));
+          continue;
+        }
+        const std::string hk = "ftexec/hb/" + std::to_string(k);
+        if (!hb_store_->check({hk})) {
+          notes.push_back("rank " + std::to_string(k) + " never reported progress");
+          continue;
+        }
+        auto v = hb_store_->get(hk);
+        std::istringstream in(std::string(v.begin(), v.end()));
+        double when = 0;
+        int64_t step = 0, seq = 0;
+        int op = 0;
+        char sep;
+        in >> when >> sep >> step >> sep >> seq >> sep >> op;
+        if (t - when > 4 * kHeartbeatS)
+          notes.push_back("rank " + std::to_string(k) + " stopped responding " + std::to_string(int(t - when)) +
+                          " s ago (died or was killed?) at step " + std::to_string(step));
+        else if (seq < my_seq)
+          notes.push_back("rank " + std::to_string(k) + " is alive but behind (step " + std::to_string(step) +
+                          ", collective #" + std::to_string(seq) + ": hung?)");
+      }
+    } catch (const std::exception&) {
+      return o_.rank == 0 ? "" : "the rendezvous store on rank 0 is unreachable: rank 0 died or was killed";
+    }
+    std::string s;
+    for (const auto& n : notes) s += (s.empty() ? "" : "; ") + n;
+    return s;
+  }
+
+  void heartbeat_loop() {
+    std::unique_lock<std::mutex> lock(hb_mutex_);
+    while (!stop_) {
+      std::ostringstream v;
+      v.precision(17);
+      v << now_s() << ";" << step_.load() << ";" << seq_.load() << ";" << op_.load();
+      const std::string s = v.str();
+      lock.unlock();
+"      try {
+        std::lock_guard<std::mutex> io(io_mutex_);
+        hb_store_->set("ftexec/hb/" + std::to_string(o_.rank), std::vector<uint8_t>(s.begin(), s.end()));
+      } catch (...) {
+      }
+      lock.lock();
+      hb_cv_.wait_for(lock, std::chrono::duration<double>(kHeartbeatS), [this] { return stop_; });
+    }
+  }
+
+  CommOptions o_;
+  Ms timeout_;
+  c10::intrusive_ptr<c10d::Store> store_, hb_store_;
+  c10::intrusive_ptr<compat::C10dGroup> pg_;
+  std::vector<Pending> pending_;
+  CommStats stats_;
+  std::atomic<int64_t> step_{0}, seq_{0};
+  std::atomic<int> op_{0};
+  std::thread heartbeat_;
+  std::mutex hb_mutex_;
+  std::mutex io_mutex_;  // hb_store_ is shared by the heartbeat thread and the failure paths
+  std::condition_variable hb_cv_;
+  bool stop_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<Comm> Comm::connect(const CommOptions& options) { return std::make_unique<GlooComm>(options); }
+
+}  // namespace ftexec

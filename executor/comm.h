@@ -1,0 +1,99 @@
+// The communication seam of the distributed executor: the few collectives the strategies use, over a
+// c10d process group (Gloo on CPU; NCCL where LibTorch has CUDA), with every byte counted.
+//
+//   all_reduce_sum      Gloo's allreduce, in place; bf16/fp16 are reduced in an fp32 copy (Gloo
+//                       rejects bf16 reductions; ReduceOp::AVG kills the process: SUM, then divide).
+//   reduce_scatter_sum  a ring over send/recv, in place: N-1 steps, each rank sends one chunk (M/N)
+//                       to the next rank and adds the chunk it receives; chunk `rank` ends up summed.
+//   all_gather          a ring over send/recv straight into the chunks of the flat output.
+//   broadcast, send, recv, barrier.
+// Gloo in libtorch 1.13 has no reduce_scatter/_allgather_base; the notes' alltoall_base + local sum
+// works too, but needs a second M-byte output buffer and Gloo's own allgather copies through an M-byte
+// temporary. The rings move exactly the bytes of the α-β formulas (Thakur et al. 2005), need at most
+// M/N bytes of scratch, and write without bumping autograd version counters (ZeRO-3 refills buffers
+// that autograd saved). Flat buffers must hold a multiple of world() elements (the callers pad).
+//
+// Counting: each call adds ftplan::wire_bytes(op, M, N) (planner/collectives.h: all-reduce
+// 2(N-1)/N·M, reduce-scatter and all-gather (N-1)/N·M, send M) for the M bytes it moves, so the
+// measured figure and the planner's comm_bytes_per_step use one formula. Control traffic (the loss,
+// the gradient norm, barriers) is counted apart, as the planner leaves it out.
+//
+// Faults: every wait has the --timeout-s limit. A heartbeat thread publishes this rank's progress
+// (step, collective number, operation) to the rendezvous store every 0.5 s; when a collective fails or
+// times out, the error names the ranks that reported a failure, stopped responding, or fell behind.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <ATen/ATen.h>
+
+namespace ftexec {
+
+enum class CommOp { all_reduce, reduce_scatter, all_gather, broadcast, send, control };
+constexpr int kCommOps = 6;
+const char* comm_op_name(CommOp op);  // "all_reduce", ..., "control"
+
+struct CommCounter {
+  int64_t calls = 0;
+  double wire_bytes = 0;     // bytes this rank sent, by the planner's formula
+  double padding_bytes = 0;  // of which padding (flat buffers rounded up to a multiple of N)
+};
+
+struct CommStats {
+  std::array<CommCounter, kCommOps> ops;
+  double time_s = 0;  // wall time inside communication calls (launch + wait)
+  double payload_bytes() const;  // all ops but control
+};
+
+struct CommOptions {
+  int rank = 0;
+  int world = 1;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  bool host_store = true;      // rank 0 hosts the TCPStore; false under torchrun (its agent hosts it)
+  double timeout_s = 60.0;     // every collective and the rendezvous
+  std::string backend = "gloo";  // gloo | nccl
+};
+
+class Comm {
+ public:
+  // Rendezvous through c10d's TCPStore and build the process group. RuntimeFailure on timeout.
+  static std::unique_ptr<Comm> connect(const CommOptions& options);
+  virtual ~Comm() = default;
+
+  virtual int rank() const = 0;
+  virtual int world() const = 0;
+
+  // In place. `padding_bytes`: how much of t is padding (for the counters).
+  virtual void all_reduce_sum(const at::Tensor& t, double padding_bytes = 0) = 0;
+  // Launches an all-reduce and returns at once (Gloo runs it on its worker thread); wait_all() ends
+  // every launched one. Used by DDP's buckets while backward runs.
+  virtual void all_reduce_sum_async(const at::Tensor& t, double padding_bytes = 0) = 0;
+  virtual void wait_all() = 0;
+  // flat: contiguous, numel % world == 0. Afterwards chunk `rank` holds the sum over ranks; the
+  // other chunks hold partial sums.
+  virtual void reduce_scatter_sum(const at::Tensor& flat, double padding_bytes = 0) = 0;
+  // flat: contiguous, numel % world == 0, chunk `rank` already filled; fills the others.
+  virtual void all_gather(const at::Tensor& flat, double padding_bytes = 0) = 0;
+  virtual void broadcast(const at::Tensor& t, int root) = 0;
+  virtual void send(const at::Tensor& t, int dst) = 0;
+  virtual void recv(const at::Tensor& t, int src) = 0;
+  virtual void barrier() = 0;
+
+  // Control traffic (not in the per-step figures): a sum or max over ranks of one value.
+  virtual double all_reduce_scalar(double value, bool max = false) = 0;
+
+  // Progress for the failure messages (published by the heartbeat thread).
+  virtual void set_step(int64_t step) = 0;
+  // Tells the other ranks (through the store) why this rank is failing; best effort.
+  virtual void report_failure(const std::string& what) = 0;
+
+  virtual CommStats stats() const = 0;
+  virtual void reset_stats() = 0;
+  virtual double timeout_s() const = 0;
+};
+
+}  // namespace ftexec

@@ -1,0 +1,149 @@
+#include <cmath>
+
+#include "executor/strategies/units.h"
+#include "planner/errors.h"
+
+namespace ftexec {
+namespace strategies {
+
+std::vector<std::vector<UnitTensor>> model_units(LlamaModel& m) {
+  std::vector<std::vector<UnitTensor>> units;
+  units.push_back({{"model.embed_tokens.weight", &m.embed_tokens}});
+  for (size_t l = 0; l < m.layers.size(); ++l) {
+    auto& b = m.layers[l];
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    std::vector<UnitTensor> u;
+    u.push_back({p + "input_layernorm.weight", &b.input_layernorm});
+    for (const auto& shape : ftplan::block_linears(m.spec)) {
+      Linear& lin = block_linear(b, shape.name);
+      const std::string q = p + block_linear_prefix(shape.name) + shape.name;
+      u.push_back({q + ".weight", &lin.weight});
+      if (lin.bias.defined()) u.push_back({q + ".bias", &lin.bias});
+      if (lin.lora) {
+        u.push_back({q + ".lora_A.weight", &lin.lora->a});
+        u.push_back({q + ".lora_B.weight", &lin.lora->b});
+      }
+    }
+    u.push_back({p + "post_attention_layernorm.weight", &b.post_attention_layernorm});
+    units.push_back(std::move(u));
+  }
+  std::vector<UnitTensor> head{{"model.norm.weight", &m.norm}};
+  if (m.lm_head.defined()) head.push_back({"lm_head.weight", &m.lm_head});
+  units.push_back(std::move(head));
+  return units;
+}
+
+at::Tensor bind_storage(const at::Tensor& owner, int64_t offset, at::IntArrayRef shape) {
+  at::NoGradGuard no_grad;
+  at::Tensor t = at::empty({0}, owner.options().requires_grad(false));
+  std::vector<int64_t> strides(shape.size(), 1);
+  for (int64_t i = static_cast<int64_t>(shape.size()) - 2; i >= 0; --i) strides[i] = strides[i + 1] * shape[i + 1];
+  t.set_(owner.storage(), owner.storage_offset() + offset, shape, strides);
+  return t;
+}
+
+FlatGroup flat_group(const std::vector<UnitTensor>& tensors, int world) {
+  FlatGroup g;
+  g.tensors = tensors;
+  for (const auto& t : tensors) {
+    g.offsets.push_back(g.numel);
+    g.numel += t.slot->numel();
+  }
+  g.padded = (g.numel + world - 1) / world * world;
+  g.shard = g.padded / world;
+  if (tensors.empty()) return g;
+  at::NoGradGuard no_grad;
+  g.full = at::zeros({g.padded}, tensors[0].slot->options().requires_grad(false));
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    at::Tensor& field = *tensors[i].slot;
+    const bool rg = field.requires_grad();
+    g.full.narrow(0, g.offsets[i], field.numel()).copy_(field.reshape({-1}));
+    at::Tensor bound = bind_storage(g.full, g.offsets[i], field.sizes());
+    bound.set_requires_grad(rg);
+    field = bound;
+  }
+  return g;
+}
+
+void bind_grads(const FlatGroup& g, const at::Tensor& grads) {
+  for (size_t i = 0; i < g.tensors.size(); ++i) {
+    at::Tensor& p = *g.tensors[i].slot;
+    if (!p.requires_grad()) continue;
+    p.mutable_grad() = bind_storage(grads, g.offsets[i], p.sizes());
+  }
+}
+
+void pack_grads(const FlatGroup& g, const at::Tensor& grads) {
+  at::NoGradGuard no_grad;
+  if (g.padded > g.numel) grads.narrow(0, g.numel, g.padded - g.numel).zero_();
+  for (size_t i = 0; i < g.tensors.size(); ++i) {
+    const at::Tensor& p = *g.tensors[i].slot;
+    at::Tensor dst = grads.narrow(0, g.offsets[i], p.numel());
+    if (p.grad().defined()) dst.copy_(p.grad().reshape({-1}));
+    else dst.zero_();
+  }
+}
+
+at::Tensor shard_param(const at::Tensor& owner_slice, const at::Tensor& grad) {
+  at::Tensor p = bind_storage(owner_slice, 0, owner_slice.sizes());
+  p.set_requires_grad(true);
+  p.mutable_grad() = grad;
+  return p;
+}
+
+double clip_grad_norm(const std::vector<at::Tensor>& grads, double max_norm, Comm* comm) {
+  at::NoGradGuard no_grad;
+  double norm = 0;
+  if (!comm) {
+    // As the single-device trainer computes it, so replicated runs match it bit for bit.
+    std::vector<at::Tensor> norms;
+    for (const auto& g : grads)
+      if (g.defined()) norms.push_back(at::linalg_vector_norm(g, 2, c10::nullopt, false, at::kFloat));
+    if (norms.empty()) return 0;
+    norm = at::linalg_vector_norm(at::stack(norms), 2).item<double>();
+  } else {
+    double sq = 0;
+    for (const auto& g : grads)
+      if (g.defined()) {
+        const double n = at::linalg_vector_norm(g, 2, c10::nullopt, false, at::kFloat).item<double>();
+        sq += n * n;
+      }
+    norm = std::sqrt(comm->all_reduce_scalar(sq));
+  }
+  if (max_norm > 0 && norm > max_norm) {
+    const double coef = max_norm / (norm + 1e-6);
+    for (const auto& g : grads)
+      if (g.defined()) g.mul_(coef);
+  }
+  return norm;
+}
+
+std::pair<at::Tensor, at::Tensor> micro_batch_tensors(const TokenBatch& b, const at::Device& device) {
+  return batch_tensors(b, device);
+}
+
+}  // namespace strategies
+
+bool dist_strategy_supported(ftplan::Strategy s) {
+  using S = ftplan::Strategy;
+  return s == S::ddp || s == S::zero1 || s == S::zero2 || s == S::zero3 || s == S::fsdp || s == S::mp ||
+         s == S::pipeline_gpipe;
+}
+
+std::unique_ptr<DistStrategy> make_dist_strategy(LlamaModel& model, Comm& comm, const StrategyOptions& o) {
+  using S = ftplan::Strategy;
+  switch (o.strategy) {
+    case S::ddp:
+    case S::zero1:
+    case S::zero2: return strategies::make_data_parallel(model, comm, o);
+    case S::zero3:
+    case S::fsdp: return strategies::make_sharded(model, comm, o);
+    case S::mp:
+    case S::pipeline_gpipe: return strategies::make_pipeline(model, comm, o);
+    default:
+      ftplan::fail_input("strategy " + ftplan::to_string(o.strategy) +
+                         ": not run by ftexec (ddp, zero1, zero2, zero3, fsdp, mp, pipeline_gpipe)");
+  }
+}
+
+}  // namespace ftexec

@@ -1,0 +1,72 @@
+// Shared by the strategies: the model's units, flat parameter buffers, clipping. Internal to
+// executor/strategies/.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "executor/comm.h"
+#include "executor/llama_model.h"
+#include "executor/strategy.h"
+
+namespace ftexec::strategies {
+
+// One parameter of a unit: its name (Hugging Face / PEFT) and the model field holding it, so a
+// strategy can rebind the field to a slice of a flat buffer.
+struct UnitTensor {
+  std::string name;
+  at::Tensor* slot = nullptr;
+};
+
+// Units in forward order: 0 the embedding, 1..L the blocks (base weights and LoRA adapters), L+1
+// the head (final norm, and lm_head when untied).
+std::vector<std::vector<UnitTensor>> model_units(LlamaModel& model);
+
+// A new leaf tensor over `owner`'s storage at element `offset` with `shape` (not an autograd view:
+// its own version counter, so refilling the storage never trips autograd's saved-tensor checks).
+at::Tensor bind_storage(const at::Tensor& owner, int64_t offset, at::IntArrayRef shape);
+
+// Several parameters packed into one flat buffer padded to a multiple of the world size; the model
+// fields are rebound onto it. Rank r owns elements [r·shard, (r+1)·shard).
+struct FlatGroup {
+  std::vector<UnitTensor> tensors;
+  std::vector<int64_t> offsets;  // elements
+  int64_t numel = 0;             // without padding
+  int64_t padded = 0;            // numel rounded up to a multiple of the world size
+  int64_t shard = 0;             // padded / world
+  at::Tensor full;               // [padded]
+
+  bool empty() const { return tensors.empty(); }
+  int64_t element_bytes() const { return full.defined() ? full.element_size() : 4; }
+  double padding_bytes() const { return double(padded - numel) * element_bytes(); }
+  at::Tensor chunk(int rank) const { return full.narrow(0, rank * shard, shard); }
+};
+
+// Packs `tensors` (all of one dtype) into a FlatGroup and rebinds their fields; requires_grad kept.
+FlatGroup flat_group(const std::vector<UnitTensor>& tensors, int world);
+
+// Points every parameter's .grad at the matching slice of `grads` ([padded], zeroed by the caller).
+void bind_grads(const FlatGroup& group, const at::Tensor& grads);
+// Copies the parameters' gradients into `grads` ([padded]; padding zeroed).
+void pack_grads(const FlatGroup& group, const at::Tensor& grads);
+
+// A parameter-shaped leaf over a slice of `owner` with `grad` as its gradient: what AdamW updates
+// for a shard.
+at::Tensor shard_param(const at::Tensor& owner_slice, const at::Tensor& grad);
+
+// Clips gradients to `max_norm` by the global L2 norm (torch.nn.utils.clip_grad_norm_); with
+// `comm` the gradients are shards or stages and the squared norms are summed over ranks. Returns
+// the norm before clipping.
+double clip_grad_norm(const std::vector<at::Tensor>& grads, double max_norm, Comm* comm);
+
+std::pair<at::Tensor, at::Tensor> micro_batch_tensors(const TokenBatch& b, const at::Device& device);
+
+// The strategies, one per file.
+std::unique_ptr<DistStrategy> make_data_parallel(LlamaModel& model, Comm& comm, const StrategyOptions& o);
+std::unique_ptr<DistStrategy> make_sharded(LlamaModel& model, Comm& comm, const StrategyOptions& o);
+std::unique_ptr<DistStrategy> make_pipeline(LlamaModel& model, Comm& comm, const StrategyOptions& o);
+
+}  // namespace ftexec::strategies

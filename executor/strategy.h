@@ -1,0 +1,79 @@
+// The distributed strategies ftexec runs, one class per concept (executor/strategies/):
+//   data_parallel.cpp  ddp, zero1, zero2: every rank holds all parameters
+//   sharded.cpp        zero3, fsdp: each unit's parameters sharded as one flat buffer
+//   pipeline.cpp       mp (naive model parallel), pipeline_gpipe
+//   common.cpp         the model's units, flat buffers, gradient clipping, the factory
+// A "unit" is what ZeRO-3/FSDP gather at once and what the planner sums its collectives over
+// (planner/step_time.h): the embedding, each decoder block, the head (final norm + lm_head).
+//
+// Data: a data-parallel strategy sees `grad_accum` micro-batches per rank per step, disjoint across
+// ranks; a pipeline sees all of them. The global batch is the same either way, so a single-process
+// run with grad_accum × data_parallel_size() micro-batches per step is the reference.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "executor/comm.h"
+#include "executor/data.h"
+#include "executor/llama_model.h"
+#include "executor/trainer.h"
+#include "planner/training_setup.h"
+
+namespace ftexec {
+
+struct StrategyOptions {
+  ftplan::Strategy strategy = ftplan::Strategy::ddp;
+  ftplan::Method method = ftplan::Method::full;
+  ftplan::Precision precision = ftplan::Precision::fp32;
+  AdamWOptions adamw;
+  int64_t grad_accum = 1;                               // micro-batches per step on each data-parallel rank
+  double max_grad_norm = 1.0;                           // 0: no clipping
+  int64_t ddp_bucket_bytes = INT64_C(25) << 20;         // PyTorch DDP's bucket_cap_mb
+  int64_t ddp_first_bucket_bytes = INT64_C(1) << 20;    // torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
+  int64_t zero_bucket_elements = INT64_C(500000000);    // DeepSpeed's reduce_bucket_size
+};
+
+// Bytes this rank holds between steps, by kind.
+struct StateBytes {
+  int64_t weights = 0;    // parameters (replicas, shards or this stage's)
+  int64_t gradients = 0;  // gradients kept between micro-batches (full, or the shard)
+  int64_t optimizer = 0;  // AdamW moments (+ fp32 masters)
+  int64_t buffers = 0;    // persistent communication buckets
+};
+
+class DistStrategy {
+ public:
+  virtual ~DistStrategy() = default;
+  // Ranks that read disjoint slices of each global batch: the world size for data parallelism, 1
+  // for pipelines.
+  virtual int64_t data_parallel_size() const = 0;
+  // One optimizer step over this rank's micro-batches; returns the mean loss of the global batch.
+  virtual double step(const std::vector<TokenBatch>& micro_batches) = 0;
+  virtual StateBytes state_bytes() const = 0;
+  virtual double last_grad_norm() const { return grad_norm_; }
+
+  // Checkpoints: the tensors this rank owns (live; loading copies into them). Replicated: every
+  // rank holds the same, so rank 0 writes them and every rank reads rank 0's file.
+  virtual std::vector<std::pair<std::string, at::Tensor>> checkpoint_tensors() = 0;
+  virtual bool checkpoint_replicated() const { return false; }
+  virtual int64_t optimizer_steps() const = 0;
+  virtual void set_optimizer_steps(int64_t steps) = 0;
+  virtual void after_load() {}  // e.g. gather the parameter shards again
+
+ protected:
+  double grad_norm_ = 0;
+};
+
+// InputError for a strategy or model this executor does not run (naming what is unsupported).
+std::unique_ptr<DistStrategy> make_dist_strategy(LlamaModel& model, Comm& comm, const StrategyOptions& options);
+
+// Strategies ftexec runs with several ranks.
+bool dist_strategy_supported(ftplan::Strategy s);
+
+}  // namespace ftexec
