@@ -47,10 +47,7 @@ void rerank_with_simulator(const LoadedJob& job, PlanResult& plan) {
     f.cost_usd_per_million_tokens *= scale;
     f.score *= scale;
   }
-  std::stable_sort(finalists.begin(), finalists.end(),
-                   [](const RankedCandidate& a, const RankedCandidate& b) { return a.score < b.score; });
-  for (size_t i = 1; i < finalists.size(); ++i)
-    for (size_t k = i; k > 0 && ranks_before(finalists[k], finalists[k - 1]); --k) std::swap(finalists[k], finalists[k - 1]);
+  sort_by_rank(finalists);
   for (auto& o : plan.strategies)
     for (const auto& f : finalists)
       if (f.candidate.strategy == o.strategy) o.best = f;

@@ -233,6 +233,18 @@ class GlooComm final : public Comm {
     }
   }
 
+  void store_set(const std::string& key, const std::string& value) override {
+    store_->set("ftexec/kv/" + key, std::vector<uint8_t>(value.begin(), value.end()));
+  }
+  std::string store_get(const std::string& key) override {
+    try {
+      auto v = store_->get("ftexec/kv/" + key);
+      return std::string(v.begin(), v.end());
+    } catch (const std::exception& e) {
+      throw RuntimeFailure("rank " + std::to_string(o_.rank) + ": waiting for \"" + key + "\" in the store: " + what_of(e));
+    }
+  }
+
   CommStats stats() const override { return stats_; }
   void reset_stats() override { stats_ = CommStats{}; }
 

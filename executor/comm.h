@@ -91,6 +91,11 @@ class Comm {
   // Tells the other ranks (through the store) why this rank is failing; best effort.
   virtual void report_failure(const std::string& what) = 0;
 
+  // The rendezvous store, for small results (each rank's measured figures, merged by rank 0):
+  // works across nodes without a shared file system. store_get waits up to the timeout.
+  virtual void store_set(const std::string& key, const std::string& value) = 0;
+  virtual std::string store_get(const std::string& key) = 0;
+
   virtual CommStats stats() const = 0;
   virtual void reset_stats() = 0;
   virtual double timeout_s() const = 0;

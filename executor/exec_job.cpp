@@ -46,9 +46,14 @@ ExecJob make_exec_job(const ftplan::TrainingSetup& setup_in, const std::string& 
   std::vector<std::string> problems;
   if (job.device != "cpu" && job.device.rfind("cuda:", 0) != 0)
     problems.push_back("--device: \"" + job.device + "\" is not cpu or cuda[:N]");
-  if (*s.strategy != ftplan::Strategy::single)
-    problems.push_back("strategy " + ftplan::to_string(*s.strategy) +
-                       ": this ftexec runs one device only (strategy single); the distributed executor is issue 6");
+  {
+    using S = ftplan::Strategy;
+    const S st = *s.strategy;
+    if (!(st == S::single || st == S::ddp || st == S::zero1 || st == S::zero2 || st == S::zero3 || st == S::fsdp ||
+          st == S::mp || st == S::pipeline_gpipe))
+      problems.push_back("strategy " + ftplan::to_string(st) +
+                         ": not run by ftexec (single, ddp, zero1, zero2, zero3, fsdp, mp, pipeline_gpipe)");
+  }
   if (s.method == ftplan::Method::qlora) problems.push_back("method qlora: not supported by ftexec yet (full, lora)");
   if (s.precision == ftplan::Precision::mixed_fp32_grads)
     problems.push_back("precision mixed_fp32_grads: not supported by ftexec (fp32, bf16, mixed)");

@@ -35,8 +35,8 @@ struct ExecJob {
 // InputError naming the file and field for anything malformed.
 ftplan::TrainingSetup setup_from_plan(const nlohmann::json& plan, const std::string& where);
 
-// Resolves the model config (short name or path), checks what ftexec supports (strategy single,
-// method full/lora, precision fp32/bf16/mixed, optimizer adamw), and fills defaults. Every problem
+// Resolves the model config (short name or path), checks what ftexec supports (strategies single,
+// ddp, zero1, zero2, zero3, fsdp, mp, pipeline_gpipe; method full/lora, precision fp32/bf16/mixed, optimizer adamw), and fills defaults. Every problem
 // is collected and reported together in one InputError.
 ExecJob make_exec_job(const ftplan::TrainingSetup& setup, const std::string& device);
 

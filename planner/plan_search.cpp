@@ -180,11 +180,7 @@ PlanResult plan_job(const ModelSpec& model, const HardwareSpec& hw, const Traini
     outcome.best = evaluate_candidate(ctx, outcome.best.candidate, objective, true, options);
     result.strategies.push_back(outcome);
   }
-  std::stable_sort(result.candidates.begin(), result.candidates.end(), better);
-  // Near-ties go to the simpler strategy: bubble each one forward past tied, more complex plans.
-  for (size_t i = 1; i < result.candidates.size(); ++i)
-    for (size_t k = i; k > 0 && ranks_before(result.candidates[k], result.candidates[k - 1]); --k)
-      std::swap(result.candidates[k], result.candidates[k - 1]);
+  sort_by_rank(result.candidates);
 
   // The seeds' rules of thumb: fits one GPU -> DDP (one GPU -> single); else FSDP/ZeRO-3; naive MP
   // always runs, slowly.

@@ -3,6 +3,7 @@
 // other strategy lost.
 #pragma once
 
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <vector>
@@ -62,6 +63,18 @@ RankedCandidate evaluate_candidate(const PlanContext& context, const Candidate& 
 // The ranking order: lower score first; plans within 0.5% of each other go to the simpler strategy
 // (single, ddp, zero1, zero2, fsdp, zero3, ..., offload last).
 bool ranks_before(const RankedCandidate& a, const RankedCandidate& b);
+
+// Sorts by score, then moves near-ties to the simpler strategy: the tie rule is not transitive, so
+// an insertion pass after the sort applies it. `get` maps an element to its RankedCandidate.
+template <typename T, typename Get>
+void sort_by_rank(std::vector<T>& items, Get get) {
+  std::stable_sort(items.begin(), items.end(), [&](const T& a, const T& b) { return get(a).score < get(b).score; });
+  for (size_t i = 1; i < items.size(); ++i)
+    for (size_t k = i; k > 0 && ranks_before(get(items[k]), get(items[k - 1])); --k) std::swap(items[k], items[k - 1]);
+}
+inline void sort_by_rank(std::vector<RankedCandidate>& items) {
+  sort_by_rank(items, [](const RankedCandidate& c) -> const RankedCandidate& { return c; });
+}
 
 PlanResult plan_job(const ModelSpec& model, const HardwareSpec& hw, const TrainingSetup& setup,
                     Objective objective, const StepOptions& options = {});

@@ -40,18 +40,8 @@ std::vector<SweepRow> run_sweep(const ModelSpec& model, const std::vector<Hardwa
       }
     }
   }
-  sort_sweep(rows, objective);
+  sort_by_rank(rows, [](const SweepRow& r) -> const RankedCandidate& { return r.result; });
   return rows;
-}
-
-void sort_sweep(std::vector<SweepRow>& rows, Objective objective) {
-  (void)objective;  // every row's score already follows the objective
-  // Sorted by score, then near-ties moved to the simpler strategy (insertion, as plan_job does:
-  // the tie rule is not transitive, so a comparison sort alone cannot apply it).
-  std::stable_sort(rows.begin(), rows.end(),
-                   [](const SweepRow& a, const SweepRow& b) { return a.result.score < b.result.score; });
-  for (size_t i = 1; i < rows.size(); ++i)
-    for (size_t k = i; k > 0 && ranks_before(rows[k].result, rows[k - 1].result); --k) std::swap(rows[k], rows[k - 1]);
 }
 
 namespace {

@@ -23,13 +23,11 @@ struct SweepLimits {
 };
 
 // Every (GPU type, count) pair: each strategy's best feasible candidate, or every feasible candidate
-// when `all_candidates`. Rows violating the limits are dropped.
+// when `all_candidates`, best first by the objective (near-ties to the simpler strategy). Rows
+// violating the limits are dropped.
 std::vector<SweepRow> run_sweep(const ModelSpec& model, const std::vector<HardwareSpec>& gpus,
                                 const std::vector<int64_t>& counts, const TrainingSetup& setup, Objective objective,
                                 bool all_candidates, const SweepLimits& limits, int64_t* evaluated = nullptr);
-
-// Sorted best first by the objective.
-void sort_sweep(std::vector<SweepRow>& rows, Objective objective);
 
 std::string sweep_table(const std::vector<SweepRow>& rows);
 std::string sweep_csv(const std::vector<SweepRow>& rows);

@@ -45,14 +45,14 @@ class Ddp final : public DistStrategy {
         adam_(trainable_, o.adamw, o.precision == ftplan::Precision::mixed) {
     // Buckets in reverse parameter order (roughly the order backward produces gradients).
     int64_t cap = o.ddp_first_bucket_bytes;
+    slot_of_.resize(trainable_.size());
     for (int64_t i = static_cast<int64_t>(trainable_.size()) - 1; i >= 0; --i) {
       const at::Tensor& p = trainable_[i];
-      if (buckets_.empty() || (buckets_.back().bytes > 0 && buckets_.back().bytes + p.nbytes() > size_t(cap))) {
+      if (buckets_.empty() || (buckets_.back().bytes > 0 && buckets_.back().bytes + int64_t(p.nbytes()) > cap)) {
         if (!buckets_.empty()) cap = o.ddp_bucket_bytes;
         buckets_.push_back({});
       }
       auto& b = buckets_.back();
-      slot_of_.resize(trainable_.size());
       slot_of_[i] = {static_cast<int>(buckets_.size() - 1), b.numel};
       b.members.push_back(i);
       b.numel += p.numel();
@@ -327,7 +327,7 @@ class Zero final : public DistStrategy {
       if (first_micro_ || !stage2_) shard_grads_[gi].copy_(s.narrow(0, r * g.shard, g.shard));
       else shard_grads_[gi].add_(s.narrow(0, r * g.shard, g.shard));
     }
-    ready_.size() > gi ? ready_[gi] = int64_t(g.tensors.size()) : 0;
+    if (gi < ready_.size()) ready_[gi] = int64_t(g.tensors.size());
     slot_offset_[gi] = -1;
   }
 

@@ -1,0 +1,378 @@
+#include "executor/dist_run.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include <ATen/Parallel.h>
+
+#include "executor/comm.h"
+#include "executor/lora.h"
+#include "executor/memory_meter.h"
+#include "executor/run_job.h"
+#include "executor/safetensors.h"
+#include "executor/strategy.h"
+#include "executor/torch_compat.h"
+#include "planner/compute_model.h"
+#include "planner/errors.h"
+#include "planner/hardware_spec.h"
+#include "planner/json_fields.h"
+
+namespace ftexec {
+namespace fs = std::filesystem;
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// ---- fault injection ---------------------------------------------------------------------------
+void maybe_inject_fault(const std::string& spec, int rank, int64_t step) {
+  if (spec.empty()) return;
+  std::stringstream all(spec);
+  std::string one;
+  while (std::getline(all, one, ',')) {
+    int r = -1;
+    long long s = -1;
+    char what[16] = {0};
+    if (std::sscanf(one.c_str(), "%d:%lld:%15s", &r, &s, what) != 3)
+      ftplan::fail_input("--fault-inject \"" + one + "\": expected RANK:STEP:kill|hang|exit|throw");
+    if (r != rank || s != step) continue;
+    const std::string w = what;
+    std::cerr << "ftexec: rank " << rank << ": injected fault \"" << w << "\" at step " << step << std::endl;
+    if (w == "kill") ::raise(SIGKILL);
+    if (w == "exit") std::_Exit(7);
+    if (w == "throw") throw RuntimeFailure("rank " + std::to_string(rank) + ": injected failure at step " + std::to_string(step));
+    if (w == "hang")
+      for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+    ftplan::fail_input("--fault-inject: unknown fault \"" + w + "\" (kill, hang, exit, throw)");
+  }
+}
+
+// ---- checkpoints -------------------------------------------------------------------------------
+std::string hex_of(const at::Tensor& bytes) {
+  static const char* d = "0123456789abcdef";
+  const at::Tensor b = bytes.contiguous();
+  const uint8_t* p = b.data_ptr<uint8_t>();
+  std::string s;
+  for (int64_t i = 0; i < b.numel(); ++i) s += d[p[i] >> 4], s += d[p[i] & 15];
+  return s;
+}
+
+at::Tensor bytes_of_hex(const std::string& s) {
+  at::Tensor t = at::empty({int64_t(s.size() / 2)}, at::kByte);
+  uint8_t* p = t.data_ptr<uint8_t>();
+  auto v = [](char c) { return c <= '9' ? c - '0' : c - 'a' + 10; };
+  for (size_t i = 0; i + 1 < s.size(); i += 2) p[i / 2] = uint8_t(v(s[i]) << 4 | v(s[i + 1]));
+  return t;
+}
+
+struct Position {
+  int64_t step = 0;            // optimizer steps done
+  int64_t micro_batches = 0;   // drawn from the data source
+};
+
+void save_checkpoint(const std::string& dir, const Position& pos, DistStrategy& strategy, Comm& comm,
+                     const std::string& strategy_name) {
+  const std::string sub = "step-" + std::to_string(pos.step);
+  const fs::path path = fs::path(dir) / sub;
+  fs::create_directories(path);
+  const int r = comm.rank();
+  at::NoGradGuard no_grad;
+  if (!strategy.checkpoint_replicated() || r == 0) {
+    std::vector<at::Tensor> keep;
+    std::vector<SafetensorsEntry> entries;
+    for (auto& [name, t] : strategy.checkpoint_tensors()) {
+      keep.push_back(t.detach().contiguous().cpu());
+      entries.push_back(safetensors_entry(name, keep.back()));
+    }
+    write_safetensors((path / ("rank-" + std::to_string(r) + ".safetensors")).string(), entries);
+  }
+  auto gen = at::globalContext().defaultGenerator(at::kCPU);
+  at::Tensor rng;
+  {
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    rng = gen.get_state();
+  }
+  const nlohmann::json state = {{"step", pos.step},
+                                {"micro_batches", pos.micro_batches},
+                                {"optimizer_steps", strategy.optimizer_steps()},
+                                {"rng_cpu", hex_of(rng)}};
+  ftplan::write_file_atomically((path / ("rank-" + std::to_string(r) + ".json")).string(), state.dump(1) + "\n");
+  comm.barrier();  // every rank's files are in place
+  if (r == 0) {
+    const nlohmann::json manifest = {{"format", "ftexec-checkpoint/1"},
+                                     {"step", pos.step},
+                                     {"world_size", comm.world()},
+                                     {"strategy", strategy_name},
+                                     {"replicated", strategy.checkpoint_replicated()}};
+    ftplan::write_file_atomically((path / "manifest.json").string(), manifest.dump(1) + "\n");
+    ftplan::write_file_atomically((fs::path(dir) / "latest").string(), sub + "\n");
+  }
+  comm.barrier();
+}
+
+Position load_checkpoint(const std::string& dir, DistStrategy& strategy, Comm& comm, const std::string& strategy_name) {
+  const fs::path latest = fs::path(dir) / "latest";
+  std::ifstream in(latest);
+  std::string sub;
+  if (!in || !(in >> sub)) ftplan::fail_input("--resume: no checkpoint in " + dir + " (" + latest.string() + " is missing)");
+  const fs::path path = fs::path(dir) / sub;
+  const auto manifest = ftplan::read_json_file((path / "manifest.json").string());
+  const int world = manifest.value("world_size", 0);
+  const std::string strat = manifest.value("strategy", "");
+  if (world != comm.world() || strat != strategy_name)
+    ftplan::fail_input("--resume: " + path.string() + " was written by " + strat + " on " + std::to_string(world) +
+                       " ranks; this run is " + strategy_name + " on " + std::to_string(comm.world()));
+  const int r = comm.rank();
+  const auto state = ftplan::read_json_file((path / ("rank-" + std::to_string(r) + ".json")).string());
+  const int owner = strategy.checkpoint_replicated() ? 0 : r;
+  {
+    SafetensorsFile file((path / ("rank-" + std::to_string(owner) + ".safetensors")).string());
+    at::NoGradGuard no_grad;
+    for (auto& [name, t] : strategy.checkpoint_tensors()) {
+      const SafetensorsEntry* e = file.find(name);
+      if (!e) ftplan::fail_input(file.path() + ": no tensor \"" + name + "\"");
+      at::Tensor src = tensor_view_of(*e);
+      if (src.sizes() != t.sizes())
+        ftplan::fail_input(file.path() + ": \"" + name + "\" has shape " + shape_to_string(src.sizes()) + ", expected " +
+                           shape_to_string(t.sizes()));
+      at::Tensor(t).copy_(src);
+    }
+  }
+  strategy.set_optimizer_steps(state.at("optimizer_steps").get<int64_t>());
+  auto gen = at::globalContext().defaultGenerator(at::kCPU);
+  {
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(bytes_of_hex(state.at("rng_cpu").get<std::string>()));
+  }
+  strategy.after_load();
+  return {state.at("step").get<int64_t>(), state.at("micro_batches").get<int64_t>()};
+}
+
+nlohmann::json comm_json(const CommStats& s, double steps, bool calls) {
+  nlohmann::json j = nlohmann::json::object();
+  for (CommOp op : {CommOp::all_reduce, CommOp::reduce_scatter, CommOp::all_gather, CommOp::send}) {
+    const auto& c = s.ops[static_cast<int>(op)];
+    j[comm_op_name(op)] = calls ? nlohmann::json(double(c.calls) / steps) : nlohmann::json(c.wire_bytes / steps);
+  }
+  return j;
+}
+
+}  // namespace
+
+nlohmann::json run_rank(const ExecJob& job, const DistEnv& env, const DistOptions& o) {
+  const auto& s = job.setup;
+  const ftplan::Strategy strategy_kind = *s.strategy;
+  if (!dist_strategy_supported(strategy_kind))
+    ftplan::fail_input("strategy " + ftplan::to_string(strategy_kind) +
+                       ": not run by ftexec (ddp, zero1, zero2, zero3, fsdp, mp, pipeline_gpipe)");
+  if (job.device != "cpu" && o.backend == "gloo")
+    ftplan::fail_input("--device " + job.device + ": the distributed executor runs Gloo on CPU here; NCCL needs a CUDA build");
+  cpu_meter_install();
+  cpu_meter_set_limit(job.cpu_memory_limit_bytes);
+  const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+  at::set_num_threads(job.threads > 0 ? int(job.threads) : std::max(1, cores / std::max(1, env.local_world)));
+
+  CommOptions co;
+  co.rank = env.rank;
+  co.world = env.world;
+  co.master_addr = env.master_addr;
+  co.master_port = env.master_port;
+  co.host_store = env.host_store;
+  co.timeout_s = o.timeout_s;
+  co.backend = o.backend;
+  std::unique_ptr<Comm> comm = Comm::connect(co);
+  const int rank = comm->rank();
+
+  ModelOptions mo;
+  mo.dtype = s.precision == ftplan::Precision::fp32 ? at::kFloat : at::kBFloat16;
+  mo.device = at::Device(job.device);
+  mo.checkpointing = s.checkpointing == ftplan::Checkpointing::full;
+  mo.use_sdpa = s.attention == ftplan::Attention::fused && compat::kHasSdpa;
+  nlohmann::json notes = nlohmann::json::array();
+  if (s.attention == ftplan::Attention::fused && !compat::kHasSdpa)
+    notes.push_back(std::string("attention fused requested, but libtorch ") + compat::torch_version() +
+                    " has no SDPA: ran eager attention");
+
+  const int64_t micro_batch = s.micro_batch_or(1);
+  std::vector<double> losses, step_times, comm_times;
+  int64_t peak_bytes = 0, static_bytes = 0, dp = 1;
+  StateBytes parts;
+  CommStats comm_stats;
+  Position pos;
+  int64_t first_step = 0;
+  const int64_t baseline_bytes = memory_read(job.device).current_bytes;
+  try {
+    LlamaModel model = llama_create(job.model, mo, static_cast<uint64_t>(s.seed), job.load_weights.empty());
+    if (!job.load_weights.empty()) llama_load_weights(model, job.load_weights);
+    if (s.method == ftplan::Method::lora) lora_attach(model, s.lora, static_cast<uint64_t>(s.seed));
+    StrategyOptions so;
+    so.strategy = strategy_kind;
+    so.method = s.method;
+    so.precision = s.precision;
+    so.adamw = AdamWOptions{s.learning_rate, 0.9, 0.999, 1e-8, job.weight_decay};
+    so.grad_accum = s.grad_accum;
+    so.max_grad_norm = job.max_grad_norm;
+    so.ddp_bucket_bytes = static_cast<int64_t>(o.ddp_bucket_mb * double(1 << 20));
+    so.ddp_first_bucket_bytes = std::min<int64_t>(so.ddp_bucket_bytes, so.ddp_first_bucket_bytes);
+    so.zero_bucket_elements = static_cast<int64_t>(o.zero_bucket_elements);
+    std::unique_ptr<DistStrategy> strategy = make_dist_strategy(model, *comm, so);
+    dp = strategy->data_parallel_size();
+    const std::string name = ftplan::to_string(strategy_kind);
+
+    auto data = open_data_source(s.data, job.model.vocab_size, static_cast<uint64_t>(s.seed));
+    if (o.resume) {
+      pos = load_checkpoint(o.checkpoint_dir, *strategy, *comm, name);
+      for (int64_t i = 0; i < pos.micro_batches; ++i) data->next(micro_batch, s.seq_len);
+      first_step = pos.step;
+    }
+    comm->reset_stats();
+    memory_reset_peak(job.device);
+    const int64_t per_step = dp * s.grad_accum;  // micro-batches in one global batch
+    const int64_t dp_rank = dp > 1 ? rank : 0;
+    for (int64_t step = pos.step; step < s.steps; ++step) {
+      comm->set_step(step + 1);
+      maybe_inject_fault(o.fault_inject, rank, step + 1);
+      std::vector<TokenBatch> mine;
+      for (int64_t i = 0; i < per_step; ++i) {
+        TokenBatch b = data->next(micro_batch, s.seq_len);
+        if (i / s.grad_accum == dp_rank) mine.push_back(std::move(b));
+      }
+      pos.micro_batches += per_step;
+      const double comm_before = comm->stats().time_s;
+      const auto t0 = std::chrono::steady_clock::now();
+      const double loss = strategy->step(mine);
+      const double dt = seconds_since(t0);
+      if (!std::isfinite(loss)) throw RuntimeFailure("rank " + std::to_string(rank) + ": loss is " + std::to_string(loss) + " at step " + std::to_string(step + 1));
+      losses.push_back(loss);
+      if (step - first_step >= job.warmup_steps) {
+        step_times.push_back(dt);
+        comm_times.push_back(comm->stats().time_s - comm_before);
+      }
+      pos.step = step + 1;
+      // (The checkpoint's barriers count as control traffic, outside the per-step figures.)
+      if (!o.checkpoint_dir.empty() && o.checkpoint_every > 0 && pos.step % o.checkpoint_every == 0)
+        save_checkpoint(o.checkpoint_dir, pos, *strategy, *comm, name);
+    }
+    comm_stats = comm->stats();
+    const MemoryReading after = memory_read(job.device);
+    static_bytes = after.current_bytes - baseline_bytes;
+    peak_bytes = after.peak_bytes - baseline_bytes;
+    parts = strategy->state_bytes();
+  } catch (const ftplan::InputError&) {
+    throw;
+  } catch (const RuntimeFailure& e) {
+    comm->report_failure(e.what());
+    throw;
+  } catch (const c10::Error& e) {
+    const std::string msg = "rank " + std::to_string(rank) + ": libtorch error: " + e.what_without_backtrace();
+    comm->report_failure(msg);
+    throw RuntimeFailure(msg);
+  } catch (const std::bad_alloc&) {
+    const std::string msg = "rank " + std::to_string(rank) + ": out of memory on the host (std::bad_alloc)";
+    comm->report_failure(msg);
+    throw RuntimeFailure(msg);
+  }
+
+  const double steps_run = std::max<double>(1.0, double(losses.size()));
+  const double step_time = median(step_times);
+  double comm_time = 0;
+  for (double c : comm_times) comm_time += c;
+  comm_time = comm_times.empty() ? 0 : comm_time / double(comm_times.size());
+  double mean_step = 0;
+  for (double t : step_times) mean_step += t;
+  mean_step = step_times.empty() ? 0 : mean_step / double(step_times.size());
+  nlohmann::json padding = 0.0;
+  {
+    double p = 0;
+    for (CommOp op : {CommOp::all_reduce, CommOp::reduce_scatter, CommOp::all_gather, CommOp::send})
+      p += comm_stats.ops[static_cast<int>(op)].padding_bytes;
+    padding = p / steps_run;
+  }
+  const nlohmann::json mine = {
+      {"rank", rank},
+      {"peak_memory_bytes", peak_bytes},
+      {"static_bytes", static_bytes},
+      {"components",
+       {{"weights", parts.weights},
+        {"gradients", parts.gradients},
+        {"optimizer", parts.optimizer},
+        {"buffers", parts.buffers},
+        {"activations", std::max<int64_t>(0, peak_bytes - static_bytes)}}},
+      {"comm_bytes", comm_json(comm_stats, steps_run, false)},
+      {"comm_calls", comm_json(comm_stats, steps_run, true)},
+      {"comm_padding_bytes", padding},
+      {"comm_control_bytes", comm_stats.ops[static_cast<int>(CommOp::control)].wire_bytes / steps_run},
+      {"comm_bytes_per_step", comm_stats.payload_bytes() / steps_run},
+      {"comm_time_s", comm_time},
+      {"compute_time_s", std::max(0.0, mean_step - comm_time)},
+      {"step_time_s", step_time},
+      {"threads", at::get_num_threads()}};
+  comm->store_set("result/" + std::to_string(rank), mine.dump());
+  comm->barrier();
+  if (rank != 0) return nullptr;
+
+  nlohmann::json ranks = nlohmann::json::array();
+  double comm_max = 0, step_max = 0;
+  for (int r = 0; r < comm->world(); ++r) {
+    nlohmann::json j = r == 0 ? mine : nlohmann::json::parse(comm->store_get("result/" + std::to_string(r)));
+    comm_max = std::max(comm_max, j["comm_bytes_per_step"].get<double>());
+    step_max = std::max(step_max, j["step_time_s"].get<double>());
+    ranks.push_back(j);
+  }
+  const int64_t tokens_per_step = micro_batch * s.seq_len * s.grad_accum * dp;
+  const auto flops = ftplan::flops_per_token(job.model, s);
+  const double flops_per_step = flops.model * double(tokens_per_step);
+  nlohmann::json mfu = nullptr, peak_flops = nullptr;
+  try {
+    const auto hw = ftplan::load_hardware("cpu");
+    const double peak = ftplan::peak_flops(hw, s.precision);
+    if (peak > 0 && step_max > 0) {
+      peak_flops = peak;
+      mfu = flops_per_step / step_max / (peak * comm->world());
+    }
+  } catch (const ftplan::InputError& e) {
+    notes.push_back(std::string("no MFU: ") + e.what());
+  }
+  notes.push_back("ranks started by " + env.source + "; collectives over " + o.backend +
+                  " (reduce-scatter and all-gather as rings of send/recv); comm bytes by the planner's formula "
+                  "(planner/collectives.h), loss and gradient-norm reductions counted apart as control");
+  ftplan::TrainingSetup setup = s;
+  setup.num_gpus = comm->world();
+  nlohmann::json candidate = {{"strategy", ftplan::to_string(strategy_kind)},
+                              {"micro_batch", micro_batch},
+                              {"checkpointing", ftplan::to_string(*s.checkpointing)},
+                              {"attention", mo.use_sdpa ? "fused" : "eager"},
+                              {"gpus", comm->world()}};
+  return {{"format", "ftexec-measured/1"},
+          {"device", job.device},
+          {"torch_version", compat::torch_version()},
+          {"job", ftplan::training_setup_to_json(setup)},
+          {"candidate", candidate},
+          {"world_size", comm->world()},
+          {"data_parallel_size", dp},
+          {"steps", s.steps},
+          {"first_step", first_step},
+          {"warmup_steps", job.warmup_steps},
+          {"threads", at::get_num_threads()},
+          {"loss", losses},
+          {"step_time_s", step_max},
+          {"step_times_s", step_times},
+          {"tokens_per_step", tokens_per_step},
+          {"tokens_per_s", step_max > 0 ? tokens_per_step / step_max : 0.0},
+          {"flops_per_step", flops_per_step},
+          {"peak_flops", peak_flops},
+          {"mfu", mfu},
+          {"comm_bytes_per_step", comm_max},
+          {"ranks", ranks},
+          {"notes", notes}};
+}
+
+}  // namespace ftexec

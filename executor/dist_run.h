@@ -1,0 +1,43 @@
+// One rank of a distributed run: rendezvous, build the model and the strategy, train, measure this
+// rank, and (rank 0) merge every rank's figures into measured.json. No LibTorch in this header.
+//
+// measured.json, beyond the single-device keys (run_job.h): "world_size", "data_parallel_size",
+// "first_step" (> 0 after --resume), "comm_bytes_per_step" (the largest over ranks), and "ranks": one
+// entry per rank with "peak_memory_bytes", "components" {weights, gradients, optimizer, buffers,
+// activations}, "comm_bytes" {all_reduce, reduce_scatter, all_gather, send} per optimizer step,
+// "comm_calls", "comm_padding_bytes", "comm_control_bytes" (loss, gradient norm, barriers; left out
+// of comm_bytes_per_step as the planner leaves them out), "comm_bytes_per_step", "comm_time_s" and
+// "compute_time_s" (per step, mean over the timed steps), "step_time_s" (median).
+//
+// Checkpoints (--checkpoint-dir DIR --checkpoint-every K): DIR/step-<S>/rank-<r>.safetensors holds
+// what rank r owns (its shards, or its stage; replicated strategies: rank 0 alone), rank-<r>.json the
+// step, optimizer step count, data position (micro-batches drawn) and RNG state; every file is
+// written to a temporary name and renamed; rank 0 writes manifest.json once every rank is done and
+// then DIR/latest. --resume continues from DIR/latest with the identical loss trajectory.
+#pragma once
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "executor/exec_job.h"
+#include "executor/launch.h"
+
+namespace ftexec {
+
+struct DistOptions {
+  double timeout_s = 60;             // every collective and the rendezvous, e.g. 60
+  std::string fault_inject;          // debug: "RANK:STEP:kill|hang|exit|throw", comma-separated
+  std::string checkpoint_dir;        // "" for none
+  int64_t checkpoint_every = 0;      // steps between checkpoints; 0: only with --checkpoint-dir at the end
+  bool resume = false;               // continue from checkpoint_dir/latest
+  double ddp_bucket_mb = 25;         // DDP bucket_cap_mb
+  double zero_bucket_elements = 5e8; // DeepSpeed reduce_bucket_size
+  std::string backend = "gloo";      // gloo | nccl
+};
+
+// Runs this rank. Returns the merged measured.json on rank 0 and null on the others. Throws
+// RuntimeFailure (naming this rank, and the rank at fault where known) or InputError.
+nlohmann::json run_rank(const ExecJob& job, const DistEnv& env, const DistOptions& options);
+
+}  // namespace ftexec
