@@ -323,6 +323,8 @@ class GlooComm final : public Comm {
   // ranks behind this one. Best effort: the store lives in rank 0.
   std::string diagnose() {
     std::vector<std::string> notes;
+    // Let every live rank publish its current progress first (heartbeats are kHeartbeatS apart).
+    std::this_thread::sleep_for(std::chrono::duration<double>(2.5 * kHeartbeatS));
     std::lock_guard<std::mutex> io(io_mutex_);
     try {
       hb_store_->setTimeout(Ms(2000));
@@ -333,7 +335,9 @@ class GlooComm final : public Comm {
         const std::string fk = "ftexec/failed/" + std::to_string(k);
         if (hb_store_->check({fk})) {
           auto v = hb_store_->get(fk);
-          notes.push_back("rank " + std::to_string(k) + " reported: " + std::string(v.begin(), v.end()));
+          std::string first(v.begin(), v.end());
+          first = first.substr(0, first.find(';'));  // its own diagnosis follows; keep the cause
+          notes.push_back("rank " + std::to_string(k) + " reported: " + first);
           continue;
         }
         const std::string hk = "ftexec/hb/" + std::to_string(k);
@@ -348,7 +352,7 @@ class GlooComm final : public Comm {
         int op = 0;
         char sep;
         in >> when >> sep >> step >> sep >> seq >> sep >> op;
-        if (t - when > 4 * kHeartbeatS)
+        if (t - when > 2 * kHeartbeatS)
           notes.push_back("rank " + std::to_string(k) + " stopped responding " + std::to_string(int(t - when)) +
                           " s ago (died or was killed?) at step " + std::to_string(step));
         else if (seq < my_seq)
@@ -371,7 +375,7 @@ class GlooComm final : public Comm {
       v << now_s() << ";" << step_.load() << ";" << seq_.load() << ";" << op_.load();
       const std::string s = v.str();
       lock.unlock();
-"      try {
+      try {
         std::lock_guard<std::mutex> io(io_mutex_);
         hb_store_->set("ftexec/hb/" + std::to_string(o_.rank), std::vector<uint8_t>(s.begin(), s.end()));
       } catch (...) {

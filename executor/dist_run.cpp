@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <sstream>
 #include <thread>
 
@@ -172,9 +173,20 @@ nlohmann::json run_rank(const ExecJob& job, const DistEnv& env, const DistOption
   const ftplan::Strategy strategy_kind = *s.strategy;
   if (!dist_strategy_supported(strategy_kind))
     ftplan::fail_input("strategy " + ftplan::to_string(strategy_kind) +
-                       ": not run by ftexec (ddp, zero1, zero2, zero3, fsdp, mp, pipeline_gpipe)");
-  if (job.device != "cpu" && o.backend == "gloo")
-    ftplan::fail_input("--device " + job.device + ": the distributed executor runs Gloo on CPU here; NCCL needs a CUDA build");
+                       ": not run by ftexec (ddp, zero1, zero2, zero3, fsdp, mp, pipeline (GPipe))");
+  // CUDA: one GPU per local rank and NCCL; CPU: Gloo.
+  const bool cuda = job.device.rfind("cuda", 0) == 0;
+  // Ranks beyond the visible GPUs share them round robin (NCCL itself refuses two ranks of one
+  // communicator on one GPU: "Duplicate GPU detected").
+  const std::string device =
+      cuda ? "cuda:" + std::to_string(env.local_rank % std::max(1, compat::cuda_device_count())) : job.device;
+  const std::string backend = o.backend == "auto" ? (cuda ? "nccl" : "gloo") : o.backend;
+  if (cuda && !at::hasCUDA())
+    ftplan::fail_input("--device " + job.device + ": this ftexec was built against a libtorch without CUDA (" +
+                       compat::torch_version() + ") or no GPU is visible");
+  if (cuda && backend == "gloo")
+    ftplan::fail_input("--backend gloo with --device cuda: the ring collectives use send/recv, which Gloo runs on CPU "
+                       "tensors only; use --backend nccl");
   cpu_meter_install();
   cpu_meter_set_limit(job.cpu_memory_limit_bytes);
   const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
@@ -187,13 +199,13 @@ nlohmann::json run_rank(const ExecJob& job, const DistEnv& env, const DistOption
   co.master_port = env.master_port;
   co.host_store = env.host_store;
   co.timeout_s = o.timeout_s;
-  co.backend = o.backend;
+  co.backend = backend;
   std::unique_ptr<Comm> comm = Comm::connect(co);
   const int rank = comm->rank();
 
   ModelOptions mo;
   mo.dtype = s.precision == ftplan::Precision::fp32 ? at::kFloat : at::kBFloat16;
-  mo.device = at::Device(job.device);
+  mo.device = at::Device(device);
   mo.checkpointing = s.checkpointing == ftplan::Checkpointing::full;
   mo.use_sdpa = s.attention == ftplan::Attention::fused && compat::kHasSdpa;
   nlohmann::json notes = nlohmann::json::array();
@@ -208,7 +220,7 @@ nlohmann::json run_rank(const ExecJob& job, const DistEnv& env, const DistOption
   CommStats comm_stats;
   Position pos;
   int64_t first_step = 0;
-  const int64_t baseline_bytes = memory_read(job.device).current_bytes;
+  const int64_t baseline_bytes = cuda ? 0 : memory_read(device).current_bytes;
   try {
     LlamaModel model = llama_create(job.model, mo, static_cast<uint64_t>(s.seed), job.load_weights.empty());
     if (!job.load_weights.empty()) llama_load_weights(model, job.load_weights);
@@ -234,7 +246,8 @@ nlohmann::json run_rank(const ExecJob& job, const DistEnv& env, const DistOption
       first_step = pos.step;
     }
     comm->reset_stats();
-    memory_reset_peak(job.device);
+    compat::cuda_synchronize();
+    memory_reset_peak(device);
     const int64_t per_step = dp * s.grad_accum;  // micro-batches in one global batch
     const int64_t dp_rank = dp > 1 ? rank : 0;
     for (int64_t step = pos.step; step < s.steps; ++step) {
@@ -262,7 +275,8 @@ nlohmann::json run_rank(const ExecJob& job, const DistEnv& env, const DistOption
         save_checkpoint(o.checkpoint_dir, pos, *strategy, *comm, name);
     }
     comm_stats = comm->stats();
-    const MemoryReading after = memory_read(job.device);
+    compat::cuda_synchronize();
+    const MemoryReading after = memory_read(device);
     static_bytes = after.current_bytes - baseline_bytes;
     peak_bytes = after.peak_bytes - baseline_bytes;
     parts = strategy->state_bytes();
@@ -270,14 +284,17 @@ nlohmann::json run_rank(const ExecJob& job, const DistEnv& env, const DistOption
     throw;
   } catch (const RuntimeFailure& e) {
     comm->report_failure(e.what());
+    (void)comm.release();  // never run c10d's destructors after a failure: they may wait on a dead peer
     throw;
   } catch (const c10::Error& e) {
     const std::string msg = "rank " + std::to_string(rank) + ": libtorch error: " + e.what_without_backtrace();
     comm->report_failure(msg);
+    (void)comm.release();
     throw RuntimeFailure(msg);
   } catch (const std::bad_alloc&) {
     const std::string msg = "rank " + std::to_string(rank) + ": out of memory on the host (std::bad_alloc)";
     comm->report_failure(msg);
+    (void)comm.release();
     throw RuntimeFailure(msg);
   }
 
@@ -341,7 +358,7 @@ nlohmann::json run_rank(const ExecJob& job, const DistEnv& env, const DistOption
   } catch (const ftplan::InputError& e) {
     notes.push_back(std::string("no MFU: ") + e.what());
   }
-  notes.push_back("ranks started by " + env.source + "; collectives over " + o.backend +
+  notes.push_back("ranks started by " + env.source + "; collectives over " + backend +
                   " (reduce-scatter and all-gather as rings of send/recv); comm bytes by the planner's formula "
                   "(planner/collectives.h), loss and gradient-norm reductions counted apart as control");
   ftplan::TrainingSetup setup = s;
@@ -352,7 +369,7 @@ nlohmann::json run_rank(const ExecJob& job, const DistEnv& env, const DistOption
                               {"attention", mo.use_sdpa ? "fused" : "eager"},
                               {"gpus", comm->world()}};
   return {{"format", "ftexec-measured/1"},
-          {"device", job.device},
+          {"device", cuda ? std::string("cuda (one GPU per rank)") : device},
           {"torch_version", compat::torch_version()},
           {"job", ftplan::training_setup_to_json(setup)},
           {"candidate", candidate},

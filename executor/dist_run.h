@@ -33,7 +33,7 @@ struct DistOptions {
   bool resume = false;               // continue from checkpoint_dir/latest
   double ddp_bucket_mb = 25;         // DDP bucket_cap_mb
   double zero_bucket_elements = 5e8; // DeepSpeed reduce_bucket_size
-  std::string backend = "gloo";      // gloo | nccl
+  std::string backend = "auto";      // auto (nccl on CUDA, gloo on CPU) | gloo | nccl
 };
 
 // Runs this rank. Returns the merged measured.json on rank 0 and null on the others. Throws

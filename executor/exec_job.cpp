@@ -52,7 +52,7 @@ ExecJob make_exec_job(const ftplan::TrainingSetup& setup_in, const std::string& 
     if (!(st == S::single || st == S::ddp || st == S::zero1 || st == S::zero2 || st == S::zero3 || st == S::fsdp ||
           st == S::mp || st == S::pipeline_gpipe))
       problems.push_back("strategy " + ftplan::to_string(st) +
-                         ": not run by ftexec (single, ddp, zero1, zero2, zero3, fsdp, mp, pipeline_gpipe)");
+                         ": not run by ftexec (single, ddp, zero1, zero2, zero3, fsdp, mp, pipeline (GPipe))");
   }
   if (s.method == ftplan::Method::qlora) problems.push_back("method qlora: not supported by ftexec yet (full, lora)");
   if (s.precision == ftplan::Precision::mixed_fp32_grads)

@@ -36,7 +36,7 @@ struct ExecJob {
 ftplan::TrainingSetup setup_from_plan(const nlohmann::json& plan, const std::string& where);
 
 // Resolves the model config (short name or path), checks what ftexec supports (strategies single,
-// ddp, zero1, zero2, zero3, fsdp, mp, pipeline_gpipe; method full/lora, precision fp32/bf16/mixed, optimizer adamw), and fills defaults. Every problem
+// ddp, zero1, zero2, zero3, fsdp, mp, pipeline (GPipe); method full/lora, precision fp32/bf16/mixed, optimizer adamw), and fills defaults. Every problem
 // is collected and reported together in one InputError.
 ExecJob make_exec_job(const ftplan::TrainingSetup& setup, const std::string& device);
 

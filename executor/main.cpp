@@ -1,6 +1,8 @@
-// ftexec: run a fine-tuning plan for real with LibTorch on one device and measure it.
+// ftexec: run a fine-tuning plan for real with LibTorch and measure it, on one device or several ranks.
 //   ftexec run plan.json --out measured.json          the plan `ftplan plan -o plan.json` wrote
 //   ftexec run --model tiny-test --method lora --steps 30 --device cpu --out m.json
+//   ftexec run plan.json --nproc 4 --out m.json       starts 4 local ranks (strategy from the plan)
+//   torchrun --nproc-per-node 4 --no-python ftexec run plan.json --out m.json   (or srun, mpirun)
 // Flags override the plan's values. Exit codes: 0 ok, 2 bad input, 3 runtime failure (OOM, ...);
 // on failure nothing is written.
 #include <unistd.h>
@@ -10,7 +12,9 @@
 
 #include <CLI/CLI.hpp>
 
+#include "executor/dist_run.h"
 #include "executor/exec_job.h"
+#include "executor/launch.h"
 #include "executor/run_job.h"
 #include "planner/errors.h"
 #include "planner/json_fields.h"
@@ -20,7 +24,7 @@ namespace {
 struct RunOptions {
   std::string plan_file;
   std::string out;
-  std::optional<std::string> model, method, lora_targets, checkpointing, attention, precision, device, data, gpu;
+  std::optional<std::string> model, method, lora_targets, checkpointing, attention, precision, device, data, gpu, strategy;
   std::optional<int64_t> lora_rank, seq_len, micro_batch, grad_accum, steps, seed;
   std::optional<double> lr, lora_alpha, lora_dropout;
   int64_t warmup = 1;
@@ -30,6 +34,8 @@ struct RunOptions {
   double cpu_memory_limit_gib = 0;
   std::string save, load_weights;
   bool no_progress = false;
+  int nproc = 0;                  // local ranks to start; 0: none (single device, or under torchrun/srun/mpirun)
+  ftexec::DistOptions dist;
 };
 
 void setup_run(CLI::App& app, RunOptions& o) {
@@ -62,6 +68,34 @@ void setup_run(CLI::App& app, RunOptions& o) {
   run->add_option("--save", o.save, "write the adapter (PEFT) or full weights (safetensors) to DIR");
   run->add_option("--load-weights", o.load_weights, "HF safetensors: file, folder or model.safetensors.index.json");
   run->add_flag("--no-progress", o.no_progress, "no progress bar even on a terminal");
+  run->add_option("--strategy", o.strategy, "single | ddp | zero1 | zero2 | zero3 | fsdp | mp | pipeline (GPipe)");
+  run->add_option("--nproc", o.nproc, "start N local ranks (Gloo on CPU); under torchrun/srun/mpirun leave it out");
+  run->add_option("--timeout-s", o.dist.timeout_s, "collective and rendezvous timeout in seconds")->capture_default_str();
+  run->add_option("--fault-inject", o.dist.fault_inject, "debug: RANK:STEP:kill|hang|exit|throw[,...]");
+  run->add_option("--checkpoint-dir", o.dist.checkpoint_dir, "write sharded checkpoints to DIR (distributed runs)");
+  run->add_option("--checkpoint-every", o.dist.checkpoint_every, "steps between checkpoints")->capture_default_str();
+  run->add_flag("--resume", o.dist.resume, "continue from the last complete checkpoint in --checkpoint-dir");
+  run->add_option("--bucket-mb", o.dist.ddp_bucket_mb, "DDP gradient bucket size in MiB")->capture_default_str();
+  run->add_option("--zero-bucket-elements", o.dist.zero_bucket_elements, "ZeRO-1/2 reduce bucket in elements")
+      ->capture_default_str();
+  run->add_option("--backend", o.dist.backend, "auto (nccl on CUDA, gloo on CPU) | gloo | nccl")->capture_default_str();
+}
+
+std::vector<std::string> rank_args_;  // the command line for the ranks --nproc starts
+
+// Arguments for the ranks: the same command line without --nproc.
+std::vector<std::string> rank_args(int argc, char** argv) {
+  std::vector<std::string> out;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--nproc") {
+      ++i;
+      continue;
+    }
+    if (a.rfind("--nproc=", 0) == 0) continue;
+    out.push_back(a);
+  }
+  return out;
 }
 
 int run_run(const RunOptions& o) {
@@ -92,7 +126,10 @@ int run_run(const RunOptions& o) {
   if (o.seed) setup.seed = *o.seed;
   if (o.data) setup.data = *o.data;
   if (o.gpu) setup.gpu = *o.gpu;
-  ftexec::ExecJob job = ftexec::make_exec_job(setup, o.device.value_or(setup.device));
+  if (o.strategy) setup.strategy = ftplan::parse_strategy(*o.strategy, "--strategy");
+  // A plan for hwdb's "cpu" pseudo device runs on the CPU unless --device says otherwise.
+  const std::string device = o.device ? *o.device : (setup.gpu == "cpu" ? std::string("cpu") : setup.device);
+  ftexec::ExecJob job = ftexec::make_exec_job(setup, device);
   job.plan = plan;
   job.warmup_steps = std::min<int64_t>(o.warmup, job.setup.steps - 1);
   job.threads = o.threads;
@@ -103,12 +140,43 @@ int run_run(const RunOptions& o) {
   job.load_weights = o.load_weights;
   job.progress = !o.no_progress;
 
-  const nlohmann::json measured = ftexec::run_job(job);
+  const bool launcher = o.nproc > 1 && !std::getenv("RANK");
+  const ftexec::DistEnv env = launcher ? ftexec::DistEnv{} : ftexec::dist_env_from_environment();
+  const int world = launcher ? o.nproc : env.world;
+  if (plan && plan->contains("candidate") && (*plan)["candidate"].contains("gpus") &&
+      (*plan)["candidate"]["gpus"].get<int64_t>() != world && (world > 1 || *job.setup.strategy != ftplan::Strategy::single))
+    ftplan::fail_input("the plan's candidate gpus (" + (*plan)["candidate"]["gpus"].dump() + ") != WORLD_SIZE (" +
+                       std::to_string(world) + (launcher ? ", --nproc" : ", from " + env.source) +
+                       "): start as many ranks as the plan has GPUs");
+  if (launcher) {
+    // The job is valid (checked above, once): start the ranks, each of which runs this again.
+    if (*job.setup.strategy == ftplan::Strategy::single)
+      ftplan::fail_input("--nproc " + std::to_string(o.nproc) + " needs a distributed strategy (--strategy ddp, zero1, "
+                         "zero2, zero3, fsdp, mp or pipeline, or a plan for several GPUs)");
+    ftexec::LaunchOptions lo;
+    lo.nproc = o.nproc;
+    lo.timeout_s = o.dist.timeout_s;
+    return ftexec::launch_local(lo, rank_args_, std::cerr);
+  }
+  const bool distributed = env.world > 1 || *job.setup.strategy != ftplan::Strategy::single;
+  nlohmann::json measured;
+  if (distributed) {
+    if (o.dist.resume && o.dist.checkpoint_dir.empty()) ftplan::fail_input("--resume needs --checkpoint-dir");
+    measured = ftexec::run_rank(job, env, o.dist);
+    if (env.rank != 0) return 0;
+  } else {
+    if (o.dist.resume || !o.dist.checkpoint_dir.empty() || !o.dist.fault_inject.empty())
+      ftplan::fail_input("--checkpoint-dir, --resume and --fault-inject apply to distributed runs (a strategy other than single)");
+    measured = ftexec::run_job(job);
+  }
   if (!o.out.empty()) ftplan::write_file_atomically(o.out, measured.dump(2) + "\n");
   const auto& rank = measured["ranks"][0];
-  std::cout << "loss " << measured["loss"].front().get<double>() << " -> " << measured["loss"].back().get<double>()
-            << ", step " << measured["step_time_s"].get<double>() << " s, " << measured["tokens_per_s"].get<double>()
-            << " tokens/s, peak " << rank["peak_memory_bytes"].get<int64_t>() / double(1 << 20) << " MiB"
+  const auto& loss = measured["loss"];
+  std::cout << "loss " << (loss.empty() ? 0.0 : loss.front().get<double>()) << " -> "
+            << (loss.empty() ? 0.0 : loss.back().get<double>()) << ", step " << measured["step_time_s"].get<double>()
+            << " s, " << measured["tokens_per_s"].get<double>() << " tokens/s, peak "
+            << rank["peak_memory_bytes"].get<int64_t>() / double(1 << 20) << " MiB"
+            << (measured["ranks"].size() > 1 ? " (rank 0 of " + std::to_string(measured["ranks"].size()) + ")" : "")
             << (o.out.empty() ? "" : ", wrote " + o.out) << "\n";
   return 0;
 }
@@ -116,26 +184,38 @@ int run_run(const RunOptions& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"ftexec: run a fine-tuning plan with LibTorch on one device and measure it"};
+  CLI::App app{"ftexec: run a fine-tuning plan with LibTorch on one device or several ranks and measure it"};
   app.require_subcommand(1);
   RunOptions options;
   setup_run(app, options);
+  // A rank of a distributed run leaves through _Exit on failure: c10d's destructors could wait on a
+  // peer that is gone.
+  const bool is_rank = std::getenv("RANK") || std::getenv("SLURM_PROCID") || std::getenv("OMPI_COMM_WORLD_RANK");
+  auto finish = [&](int code) {
+    if (is_rank && code != 0) {
+      std::cerr.flush();
+      std::cout.flush();
+      std::_Exit(code);
+    }
+    return code;
+  };
   try {
     app.parse(argc, argv);
-    return run_run(options);
+    rank_args_ = rank_args(argc, argv);
+    return finish(run_run(options));
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     std::cerr << "ftexec: error: " << e.what() << "\n";
-    return 2;
+    return finish(2);
   } catch (const ftplan::InputError& e) {
     std::cerr << "ftexec: error: " << e.what() << "\n";
-    return 2;
+    return finish(2);
   } catch (const ftexec::RuntimeFailure& e) {
     std::cerr << "ftexec: failed: " << e.what() << "\n";
-    return 3;
+    return finish(3);
   } catch (const std::exception& e) {
     std::cerr << "ftexec: failed: " << e.what() << "\n";
-    return 3;
+    return finish(3);
   }
 }

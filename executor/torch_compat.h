@@ -28,6 +28,7 @@
 #include <torch/csrc/autograd/variable.h>
 
 #if defined(FTEXEC_WITH_CUDA)
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <cuda_runtime_api.h>
 #endif
@@ -123,6 +124,14 @@ inline void cuda_reset_peak_stats(int device) {
   c10::cuda::CUDACachingAllocator::resetPeakStats(device);
 #else
   (void)device;
+#endif
+}
+
+inline int cuda_device_count() {
+#if defined(FTEXEC_WITH_CUDA)
+  return static_cast<int>(c10::cuda::device_count());
+#else
+  return 0;
 #endif
 }
 

@@ -64,10 +64,28 @@ nlohmann::json compare_json(const nlohmann::json& plan, const nlohmann::json& me
       const double v = max_over_ranks(ranks, k, "components");
       if (has_number(m, k) && !std::isnan(v)) add_row(rows, std::string("  ") + k, "bytes", pred(k), v);
     }
-    const double act = max_over_ranks(ranks, "activations", "components");
+    // Measured transient bytes plus the persistent communication buffers (DDP/ZeRO buckets), which
+    // the planner counts in its temporary term.
+    double act = NAN;
+    for (const auto& r : ranks) {
+      if (!r.contains("components") || !has_number(r["components"], "activations")) continue;
+      const auto& c = r["components"];
+      const double v = c["activations"].get<double>() + (has_number(c, "buffers") ? c["buffers"].get<double>() : 0.0);
+      act = std::isnan(act) ? v : std::max(act, v);
+    }
     if (!std::isnan(act))
       add_row(rows, "  activations + loss + temporary", "bytes",
               pred("activations") + pred("logits_loss") + pred("temporary"), act);
+    // Every rank beside the prediction: the planner predicts the most loaded rank, which is every
+    // rank of a data-parallel strategy and the busiest stage of a pipeline.
+    if (ranks.size() > 1 && has_number(m, "total")) {
+      for (const auto& r : ranks)
+        if (has_number(r, "peak_memory_bytes") && has_number(r, "rank"))
+          add_row(rows, "  rank " + std::to_string(r["rank"].get<int64_t>()) + " peak memory", "bytes", pred("total"),
+                  r["peak_memory_bytes"].get<double>());
+      notes.push_back("per rank: the prediction is the planner's most loaded rank (all ranks alike under data "
+                      "parallelism; the busiest stage of a pipeline)");
+    }
     if (pred("overhead") > 0)
       notes.push_back("the predicted total includes " + format_bytes(pred("overhead")) +
                       " framework overhead, which the measured peak holds only on CUDA (device memory in use)");
@@ -82,6 +100,15 @@ nlohmann::json compare_json(const nlohmann::json& plan, const nlohmann::json& me
     double comm = has_number(measured, "comm_bytes_per_step") ? measured["comm_bytes_per_step"].get<double>()
                                                               : max_over_ranks(ranks, "comm_bytes_per_step");
     if (!std::isnan(comm)) add_row(rows, "comm_bytes_per_step", "bytes", p["comm_bytes_per_step"].get<double>(), comm);
+  }
+  // The measured bytes by collective (the planner gives only their sum).
+  {
+    std::string by_op;
+    for (const char* op : {"all_reduce", "reduce_scatter", "all_gather", "send"}) {
+      const double v = max_over_ranks(ranks, op, "comm_bytes");
+      if (!std::isnan(v) && v > 0) by_op += std::string(by_op.empty() ? "" : ", ") + op + " " + format_bytes(v);
+    }
+    if (!by_op.empty()) notes.push_back("measured per step by collective (largest rank): " + by_op);
   }
   // Say where the run differed from the plan (e.g. eager attention on a libtorch without SDPA).
   if (plan.contains("candidate") && measured.contains("candidate")) {

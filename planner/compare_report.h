@@ -3,8 +3,10 @@
 // Computed once (compare_json), printed as a table (compare_report). No LibTorch.
 //   memory: the peak per device and its components (weights, gradients, optimizer; the planner's
 //           activations + logits_loss + temporary against the measured peak − static bytes);
-//           the most loaded rank when several are measured
-//   time:   step_time_s, tokens_per_s, mfu; comm_bytes_per_step when the run measured it
+//           the most loaded rank when several are measured, then every rank beside the prediction
+//           (the planner's most loaded rank)
+//   time:   step_time_s, tokens_per_s, mfu; comm_bytes_per_step when the run measured it, and a note
+//           with the measured bytes by collective (all_reduce, reduce_scatter, all_gather, send)
 #pragma once
 
 #include <string>

@@ -210,7 +210,9 @@ StepEstimate estimate_step(const PlanContext& ctx, const Candidate& cand, const 
         s.bubble_s = (p - 1) * slot;
         s.bubble_fraction = (p - 1) / (m + p - 1);
       }
-      bytes = G * 2 * act * (p > 1 ? 1 : 0);
+      // The busiest stage: a middle one sends each micro-batch's activation forward and its
+      // gradient back; with two stages each sends one of the two.
+      bytes = G * act * (p > 2 ? 2 : p > 1 ? 1 : 0);
       optimizer /= p;
       break;
     }

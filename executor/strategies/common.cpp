@@ -142,7 +142,7 @@ std::unique_ptr<DistStrategy> make_dist_strategy(LlamaModel& model, Comm& comm, 
     case S::pipeline_gpipe: return strategies::make_pipeline(model, comm, o);
     default:
       ftplan::fail_input("strategy " + ftplan::to_string(o.strategy) +
-                         ": not run by ftexec (ddp, zero1, zero2, zero3, fsdp, mp, pipeline_gpipe)");
+                         ": not run by ftexec (ddp, zero1, zero2, zero3, fsdp, mp, pipeline (GPipe))");
   }
 }
 

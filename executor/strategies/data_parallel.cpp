@@ -323,6 +323,7 @@ class Zero final : public DistStrategy {
     }
     comm_.reduce_scatter_sum(s, g.padding_bytes());
     const int r = comm_.rank();
+    s.narrow(0, r * g.shard, g.shard).mul_(1.0 / comm_.world());  // the mean over ranks (SUM, then divide)
     if (stage2_ || !holds_all_) {
       if (first_micro_ || !stage2_) shard_grads_[gi].copy_(s.narrow(0, r * g.shard, g.shard));
       else shard_grads_[gi].add_(s.narrow(0, r * g.shard, g.shard));

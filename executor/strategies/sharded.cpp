@@ -7,8 +7,8 @@
 //             buffer. Once every gradient of u is accumulated (AccumulateGrad hooks) and the gradient
 //             of u's input is complete (so no node of u still needs its weights), reduce-scatter the
 //             flat gradients into the shard and free the parameters and the flat gradients.
-//   fsdp      as zero3, but the last unit (norm, lm_head) stays gathered from forward into
-//             backward, as PyTorch FSDP does not reshard its root unit after forward.
+//   fsdp      as zero3, but the last unit (norm, lm_head) stays gathered from its forward to the end
+//             of backward, as PyTorch FSDP's root unit does (gathered once: one all-gather fewer).
 // Freeing resizes the storage to 0 bytes (compat::storage_resize), as FSDP does, so the tensors
 // autograd saved keep their identity and see the refilled bytes in backward.
 #include "executor/strategies/units.h"
@@ -68,6 +68,7 @@ class Sharded final : public DistStrategy {
       (loss * (1.0 / double(G))).backward();
       for (size_t u = units_.size(); u-- > 0;)  // units no hook finished (frozen, unused)
         if (!units_[u].finished) finish(u);
+      release(units_.size() - 1);  // FSDP's root unit
     }
     at::NoGradGuard no_grad;
     grad_norm_ = clip_grad_norm(grad_shards_, o_.max_grad_norm, &comm_);
@@ -196,12 +197,15 @@ class Sharded final : public DistStrategy {
       }
       comm_.reduce_scatter_sum(u.grad_full, u.train.padding_bytes());
       at::Tensor mine = u.grad_full.narrow(0, comm_.rank() * u.train.shard, u.train.shard);
+      mine.mul_(1.0 / comm_.world());  // the mean over ranks (SUM, then divide)
       if (first_micro_) u.grad_shard.copy_(mine);
       else u.grad_shard.add_(mine);
       for (auto& t : u.train.tensors) t.slot->mutable_grad() = at::Tensor();
       u.grad_full = at::Tensor();
     }
-    release(ui);
+    // FSDP reshards its root unit only once backward is over (PyTorch FSDP's root keeps its
+    // parameters from forward to the end of backward); the step's final sweep releases it.
+    if (!(fsdp_ && ui == units_.size() - 1)) release(ui);
     u.finished = true;
   }
 

@@ -196,9 +196,14 @@ TEST_CASE("run_job writes the measured figures and rejects what it cannot run", 
     CHECK(m["torch_version"].get<std::string>().rfind("1.", 0) == 0);
     CHECK(m["mfu"].is_number());
   }
-  SECTION("a distributed strategy is bad input naming issue 6") {
+  SECTION("a strategy ftexec does not run is bad input naming it") {
+    setup.strategy = ftplan::Strategy::zero3_offload;
+    CHECK_THROWS_WITH(make_exec_job(setup, "cpu"), Contains("strategy zero3_offload"));
+  }
+  SECTION("the single-device path sends a distributed strategy to the ranks") {
     setup.strategy = ftplan::Strategy::zero3;
-    CHECK_THROWS_WITH(make_exec_job(setup, "cpu"), Contains("strategy zero3"));
+    ExecJob job = make_exec_job(setup, "cpu");
+    CHECK_THROWS_WITH(run_job(job), Contains("--nproc"));
   }
   SECTION("an unknown model is bad input") {
     setup.model = "no-such-model";

@@ -81,3 +81,17 @@ TEST_CASE("compare takes the most loaded rank and the communicated bytes when me
 TEST_CASE("compare rejects a plan without a prediction", "[compare]") {
   CHECK_THROWS_AS(ftplan::compare_json(nlohmann::json::object(), sample_measured()), ftplan::InputError);
 }
+
+TEST_CASE("compare shows every rank beside the prediction and the bytes by collective", "[compare]") {
+  auto measured = sample_measured();
+  measured["ranks"][0]["comm_bytes"] = {{"all_reduce", 0}, {"reduce_scatter", 30}, {"all_gather", 20}, {"send", 0}};
+  measured["ranks"][0]["components"]["buffers"] = 500;
+  measured["ranks"].push_back({{"rank", 1}, {"peak_memory_bytes", 9000},
+                               {"comm_bytes", {{"reduce_scatter", 30}, {"all_gather", 25}}}});
+  const auto c = ftplan::compare_json(sample_plan(), measured);
+  CHECK(row(c, "  rank 0 peak memory")["measured"] == 11000.0);
+  CHECK(row(c, "  rank 1 peak memory")["predicted"] == 10000.0);
+  CHECK_THAT(row(c, "  rank 1 peak memory")["error_pct"].get<double>(), WithinAbs(-10.0, 1e-9));
+  CHECK(row(c, "  activations + loss + temporary")["measured"] == 7500.0);  // buffers count as temporary
+  CHECK_THAT(c["notes"].dump(), Contains("reduce_scatter 30") && Contains("all_gather 25"));
+}
