@@ -129,48 +129,37 @@ class GlooComm final : public Comm {
     pending_.clear();
   }
 
-  void reduce_scatter_sum(const at::Tensor& flat_in, double padding) override {
+  void reduce_scatter_sum(const at::Tensor& flat_in, double padding, const RankGroup& group) override {
     Timer timer(this);
-    const int N = o_.world, r = o_.rank;
-    check_flat(flat_in, "reduce_scatter_sum");
+    const Ring ring = ring_of(group);
+    check_flat(flat_in, "reduce_scatter_sum", ring.n);
     begin(CommOp::reduce_scatter);
-    count(CommOp::reduce_scatter, reduce_bytes(flat_in), padding);
-    if (N == 1) return;
-    at::NoGradGuard no_grad;
-    at::Tensor flat = needs_fp32(flat_in) ? flat_in.to(at::kFloat) : alias(flat_in);
-    const int64_t n = flat.numel() / N;
-    at::Tensor scratch = at::empty({n}, flat.options());
-    const int next = (r + 1) % N, prev = (r + N - 1) % N;
-    for (int s = 0; s < N - 1; ++s) {
-      const int send_idx = ((r - s - 1) % N + N) % N, recv_idx = ((r - s - 2) % N + N) % N;
-      std::vector<at::Tensor> out{flat.narrow(0, send_idx * n, n)}, in{scratch};
-      auto ws = guarded("reduce_scatter", [&] { return pg_->send(out, next, kRingTag); });
-      auto wr = guarded("reduce_scatter", [&] { return pg_->recv(in, prev, kRingTag); });
-      wait(wr, "reduce_scatter", prev);
-      wait(ws, "reduce_scatter", next);
-      flat.narrow(0, recv_idx * n, n).add_(scratch);
-    }
-    if (!flat.is_same(flat_in)) alias(flat_in).narrow(0, r * n, n).copy_(flat.narrow(0, r * n, n));
+    count(CommOp::reduce_scatter, reduce_bytes(flat_in), padding, ring.n);
+    ring_reduce_scatter(flat_in, ring);
   }
 
-  void all_gather(const at::Tensor& flat_in, double padding) override {
+  void all_gather(const at::Tensor& flat_in, double padding, const RankGroup& group) override {
     Timer timer(this);
-    const int N = o_.world, r = o_.rank;
-    check_flat(flat_in, "all_gather");
+    const Ring ring = ring_of(group);
+    check_flat(flat_in, "all_gather", ring.n);
     begin(CommOp::all_gather);
-    count(CommOp::all_gather, double(flat_in.nbytes()), padding);
-    if (N == 1) return;
-    at::Tensor flat = alias(flat_in);  // raw bytes: no version-counter bump, any dtype
-    const int64_t n = flat.numel() / N;
-    const int next = (r + 1) % N, prev = (r + N - 1) % N;
-    for (int s = 0; s < N - 1; ++s) {
-      const int send_idx = ((r - s) % N + N) % N, recv_idx = ((r - s - 1) % N + N) % N;
-      std::vector<at::Tensor> out{flat.narrow(0, send_idx * n, n)}, in{flat.narrow(0, recv_idx * n, n)};
-      auto ws = guarded("all_gather", [&] { return pg_->send(out, next, kRingTag); });
-      auto wr = guarded("all_gather", [&] { return pg_->recv(in, prev, kRingTag); });
-      wait(wr, "all_gather", prev);
-      wait(ws, "all_gather", next);
-    }
+    count(CommOp::all_gather, double(flat_in.nbytes()), padding, ring.n);
+    ring_all_gather(flat_in, ring);
+  }
+
+  void all_reduce_ring(const at::Tensor& flat_in, double padding, const RankGroup& group) override {
+    Timer timer(this);
+    const Ring ring = ring_of(group);
+    check_flat(flat_in, "all_reduce_ring", ring.n);
+    begin(CommOp::all_reduce);
+    count(CommOp::all_reduce, reduce_bytes(flat_in), padding, ring.n);
+    if (ring.n == 1) return;
+    at::NoGradGuard no_grad;
+    // Reduce in fp32 (Gloo rejects bf16 sums), then gather the summed chunks.
+    at::Tensor flat = needs_fp32(flat_in) ? flat_in.to(at::kFloat) : alias(flat_in);
+    ring_reduce_scatter(flat, ring);
+    ring_all_gather(flat, ring);
+    if (!flat.is_same(flat_in)) alias(flat_in).copy_(flat);
   }
 
   void broadcast(const at::Tensor& t, int root) override {
@@ -202,6 +191,19 @@ class GlooComm final : public Comm {
     wait(w, "recv", src);
   }
 
+  void send_recv(const at::Tensor& out_in, int dst, const at::Tensor& in, int src) override {
+    Timer timer(this);
+    begin(CommOp::send);
+    count(CommOp::send, double(out_in.nbytes()), 0);  // the received bytes are counted by their sender
+    TORCH_CHECK(in.is_contiguous(), "send_recv: the receiving tensor must be contiguous");
+    const at::Tensor out = out_in.contiguous();  // alive until both complete
+    std::vector<at::Tensor> o{alias(out)}, i{alias(in)};
+    auto ws = guarded("send", [&] { return pg_->send(o, dst, kP2pTag); });
+    auto wr = guarded("recv", [&] { return pg_->recv(i, src, kP2pTag); });
+    wait(wr, "recv", src);
+    wait(ws, "send", dst);
+  }
+
   void barrier() override {
     Timer timer(this);
     begin(CommOp::control);
@@ -213,7 +215,7 @@ class GlooComm final : public Comm {
     Timer timer(this);
     begin(CommOp::control);
     at::Tensor t = at::full({1}, value, at::TensorOptions().dtype(at::kDouble));
-    count(CommOp::control, ftplan::wire_bytes(ftplan::Collective::all_reduce, 8, o_.world), 0, /*formula=*/false);
+    count(CommOp::control, ftplan::wire_bytes(ftplan::Collective::all_reduce, 8, o_.world), 0, o_.world, /*formula=*/false);
     std::vector<at::Tensor> v{t};
     c10d::AllreduceOptions opts;
     opts.reduceOp = max ? c10d::ReduceOp::MAX : c10d::ReduceOp::SUM;
@@ -260,6 +262,63 @@ class GlooComm final : public Comm {
     ~Timer() { c->stats_.time_s += std::chrono::duration<double>(Clock::now() - t0).count(); }
   };
 
+  // This rank's place in a ring: its position, the group's size, and its neighbours' global ranks.
+  struct Ring {
+    int pos = 0, n = 1, next = 0, prev = 0;
+  };
+  Ring ring_of(const RankGroup& group) const {
+    Ring g;
+    if (group.empty()) {
+      g.n = o_.world, g.pos = o_.rank;
+      g.next = (g.pos + 1) % g.n, g.prev = (g.pos + g.n - 1) % g.n;
+      return g;
+    }
+    g.n = static_cast<int>(group.size());
+    g.pos = -1;
+    for (int i = 0; i < g.n; ++i)
+      if (group[i] == o_.rank) g.pos = i;
+    TORCH_CHECK(g.pos >= 0, "rank group without this rank (", o_.rank, ")");
+    g.next = group[(g.pos + 1) % g.n], g.prev = group[(g.pos + g.n - 1) % g.n];
+    return g;
+  }
+
+  // N-1 steps: send one chunk to the next rank, add the chunk received from the previous one; chunk
+  // `pos` ends up summed over the ring.
+  void ring_reduce_scatter(const at::Tensor& flat_in, const Ring& g) {
+    const int N = g.n, r = g.pos;
+    if (N == 1) return;
+    at::NoGradGuard no_grad;
+    at::Tensor flat = needs_fp32(flat_in) ? flat_in.to(at::kFloat) : alias(flat_in);
+    const int64_t n = flat.numel() / N;
+    at::Tensor scratch = at::empty({n}, flat.options());
+    for (int s = 0; s < N - 1; ++s) {
+      const int send_idx = ((r - s - 1) % N + N) % N, recv_idx = ((r - s - 2) % N + N) % N;
+      std::vector<at::Tensor> out{flat.narrow(0, send_idx * n, n)}, in{scratch};
+      auto ws = guarded("reduce_scatter", [&] { return pg_->send(out, g.next, kRingTag); });
+      auto wr = guarded("reduce_scatter", [&] { return pg_->recv(in, g.prev, kRingTag); });
+      wait(wr, "reduce_scatter", g.prev);
+      wait(ws, "reduce_scatter", g.next);
+      flat.narrow(0, recv_idx * n, n).add_(scratch);
+    }
+    if (!flat.is_same(flat_in)) alias(flat_in).narrow(0, r * n, n).copy_(flat.narrow(0, r * n, n));
+  }
+
+  // N-1 steps straight into the chunks of the flat output; chunk `pos` must be filled.
+  void ring_all_gather(const at::Tensor& flat_in, const Ring& g) {
+    const int N = g.n, r = g.pos;
+    if (N == 1) return;
+    at::Tensor flat = alias(flat_in);  // raw bytes: no version-counter bump, any dtype
+    const int64_t n = flat.numel() / N;
+    for (int s = 0; s < N - 1; ++s) {
+      const int send_idx = ((r - s) % N + N) % N, recv_idx = ((r - s - 1) % N + N) % N;
+      std::vector<at::Tensor> out{flat.narrow(0, send_idx * n, n)}, in{flat.narrow(0, recv_idx * n, n)};
+      auto ws = guarded("all_gather", [&] { return pg_->send(out, g.next, kRingTag); });
+      auto wr = guarded("all_gather", [&] { return pg_->recv(in, g.prev, kRingTag); });
+      wait(wr, "all_gather", g.prev);
+      wait(ws, "all_gather", g.next);
+    }
+  }
+
   static bool needs_fp32(const at::Tensor& t) {
     return t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf;
   }
@@ -270,17 +329,19 @@ class GlooComm final : public Comm {
     return at::from_blob(t.data_ptr(), t.sizes(), t.strides(), t.options().requires_grad(false));
   }
 
-  void check_flat(const at::Tensor& flat, const char* what) const {
+  void check_flat(const at::Tensor& flat, const char* what, int n) const {
     TORCH_CHECK(flat.dim() == 1 && flat.is_contiguous(), what, ": expected a contiguous 1-D buffer");
-    TORCH_CHECK(flat.numel() % o_.world == 0, what, ": ", flat.numel(), " elements is not a multiple of the world size ",
-                o_.world, " (pad the flat buffer)");
+    TORCH_CHECK(flat.numel() % n == 0, what, ": ", flat.numel(), " elements is not a multiple of the group size ",
+                n, " (pad the flat buffer)");
   }
 
-  void count(CommOp op, double bytes, double padding, bool formula = true) {
+  // `n`: the ranks taking part (the world, or the group's size).
+  void count(CommOp op, double bytes, double padding, int n = -1, bool formula = true) {
+    if (n < 0) n = o_.world;
     auto& c = stats_.ops[static_cast<int>(op)];
     c.calls += 1;
-    const double scale = bytes > 0 ? ftplan::wire_bytes(planner_op(op), bytes, o_.world) / bytes : 0;
-    c.wire_bytes += formula ? ftplan::wire_bytes(planner_op(op), bytes, o_.world) : bytes;
+    const double scale = bytes > 0 ? ftplan::wire_bytes(planner_op(op), bytes, n) / bytes : 0;
+    c.wire_bytes += formula ? ftplan::wire_bytes(planner_op(op), bytes, n) : bytes;
     c.padding_bytes += padding * scale;
   }
 

@@ -6,7 +6,13 @@
 //   reduce_scatter_sum  a ring over send/recv, in place: N-1 steps, each rank sends one chunk (M/N)
 //                       to the next rank and adds the chunk it receives; chunk `rank` ends up summed.
 //   all_gather          a ring over send/recv straight into the chunks of the flat output.
+//   all_reduce_ring     reduce-scatter then all-gather rings (2(N-1)/N·M) over a rank group: FSDP
+//                       hybrid's all-reduce of gradient shards across the replica groups.
 //   broadcast, send, recv, barrier.
+// The rings take an optional RankGroup (FSDP hybrid's shard and replica groups): the collective runs
+// among those ranks only, in the group's order, and is counted with the group's size as N. The
+// group's ranks reach each other over the one world process group (send/recv between members), so
+// no c10d subgroup is built and every group shares the fault reporting.
 // Gloo in libtorch 1.13 has no reduce_scatter/_allgather_base; the notes' alltoall_base + local sum
 // works too, but needs a second M-byte output buffer and Gloo's own allgather copies through an M-byte
 // temporary. The rings move exactly the bytes of the α-β formulas (Thakur et al. 2005), need at most
@@ -27,6 +33,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <ATen/ATen.h>
 
@@ -58,6 +65,10 @@ struct CommOptions {
   std::string backend = "gloo";  // gloo | nccl
 };
 
+// Global ranks that run one collective among themselves, in ring order; must contain this rank.
+// Empty: every rank, 0..world-1.
+using RankGroup = std::vector<int>;
+
 class Comm {
  public:
   // Rendezvous through c10d's TCPStore and build the process group. RuntimeFailure on timeout.
@@ -73,14 +84,21 @@ class Comm {
   // every launched one. Used by DDP's buckets while backward runs.
   virtual void all_reduce_sum_async(const at::Tensor& t, double padding_bytes = 0) = 0;
   virtual void wait_all() = 0;
-  // flat: contiguous, numel % world == 0. Afterwards chunk `rank` holds the sum over ranks; the
-  // other chunks hold partial sums.
-  virtual void reduce_scatter_sum(const at::Tensor& flat, double padding_bytes = 0) = 0;
-  // flat: contiguous, numel % world == 0, chunk `rank` already filled; fills the others.
-  virtual void all_gather(const at::Tensor& flat, double padding_bytes = 0) = 0;
+  // flat: contiguous, numel % N == 0 (N: the group's size). Afterwards chunk i (this rank's
+  // position in the group; its rank without one) holds the sum over the group; the other chunks
+  // hold partial sums.
+  virtual void reduce_scatter_sum(const at::Tensor& flat, double padding_bytes = 0, const RankGroup& group = {}) = 0;
+  // flat: contiguous, numel % N == 0, chunk i already filled; fills the others.
+  virtual void all_gather(const at::Tensor& flat, double padding_bytes = 0, const RankGroup& group = {}) = 0;
+  // In place, synchronous: the sum over the group (ring reduce-scatter + all-gather, counted as one
+  // all-reduce of M bytes over N). flat: contiguous, numel % N == 0.
+  virtual void all_reduce_ring(const at::Tensor& flat, double padding_bytes, const RankGroup& group) = 0;
   virtual void broadcast(const at::Tensor& t, int root) = 0;
   virtual void send(const at::Tensor& t, int dst) = 0;
   virtual void recv(const at::Tensor& t, int src) = 0;
+  // Sends `out` to dst and receives `in` from src at once, waiting for both (the 1F1B pipeline's
+  // steady state: with two blocking calls in sequence, neighbours that both send first deadlock).
+  virtual void send_recv(const at::Tensor& out, int dst, const at::Tensor& in, int src) = 0;
   virtual void barrier() = 0;
 
   // Control traffic (not in the per-step figures): a sum or max over ranks of one value.

@@ -171,9 +171,14 @@ nlohmann::json comm_json(const CommStats& s, double steps, bool calls) {
 nlohmann::json run_rank(const ExecJob& job, const DistEnv& env, const DistOptions& o) {
   const auto& s = job.setup;
   const ftplan::Strategy strategy_kind = *s.strategy;
+  if (s.method == ftplan::Method::qlora && !dist_strategy_supported(strategy_kind, s.method))
+    ftplan::fail_input("method qlora with strategy " + ftplan::to_string(strategy_kind) +
+                       ": ftexec does not shard NF4 weights within a unit, so QLoRA runs single, ddp, zero1, zero2, "
+                       "mp or the pipelines");
   if (!dist_strategy_supported(strategy_kind))
     ftplan::fail_input("strategy " + ftplan::to_string(strategy_kind) +
-                       ": not run by ftexec (ddp, zero1, zero2, zero3, fsdp, mp, pipeline (GPipe))");
+                       ": not run by ftexec (ddp, zero1, zero2, zero3, fsdp, fsdp_shard_grad_op, fsdp_hybrid, mp, "
+                       "pipeline (GPipe), pipeline_1f1b)");
   // CUDA: one GPU per local rank and NCCL; CPU: Gloo.
   const bool cuda = job.device.rfind("cuda", 0) == 0;
   // Ranks beyond the visible GPUs share them round robin (NCCL itself refuses two ranks of one
@@ -224,7 +229,8 @@ nlohmann::json run_rank(const ExecJob& job, const DistEnv& env, const DistOption
   try {
     LlamaModel model = llama_create(job.model, mo, static_cast<uint64_t>(s.seed), job.load_weights.empty());
     if (!job.load_weights.empty()) llama_load_weights(model, job.load_weights);
-    if (s.method == ftplan::Method::lora) lora_attach(model, s.lora, static_cast<uint64_t>(s.seed));
+    if (s.method == ftplan::Method::qlora) llama_quantize_nf4(model);
+    if (s.method != ftplan::Method::full) lora_attach(model, s.lora, static_cast<uint64_t>(s.seed));
     StrategyOptions so;
     so.strategy = strategy_kind;
     so.method = s.method;
@@ -235,6 +241,16 @@ nlohmann::json run_rank(const ExecJob& job, const DistEnv& env, const DistOption
     so.ddp_bucket_bytes = static_cast<int64_t>(o.ddp_bucket_mb * double(1 << 20));
     so.ddp_first_bucket_bytes = std::min<int64_t>(so.ddp_bucket_bytes, so.ddp_first_bucket_bytes);
     so.zero_bucket_elements = static_cast<int64_t>(o.zero_bucket_elements);
+    if (strategy_kind == ftplan::Strategy::fsdp_hybrid) {
+      // A node's ranks shard one replica: the hwdb entry's gpus_per_node, as the planner assumes
+      // (planner/memory_model.cpp, min(N, gpus_per_node)), unless --shard-group-size says otherwise.
+      so.shard_group_size = o.shard_group_size > 0 ? o.shard_group_size : ftplan::load_hardware(s.gpu).gpus_per_node;
+      so.shard_group_size = std::min<int64_t>(so.shard_group_size, comm->world());
+      notes.push_back("fsdp_hybrid: shard groups of " + std::to_string(so.shard_group_size) + " ranks (" +
+                      (o.shard_group_size > 0 ? std::string("--shard-group-size") : "gpus_per_node of hwdb/" + s.gpu + ".json") +
+                      "), gradient shards all-reduced across " + std::to_string(comm->world() / so.shard_group_size) +
+                      " replica groups once per step");
+    }
     std::unique_ptr<DistStrategy> strategy = make_dist_strategy(model, *comm, so);
     dp = strategy->data_parallel_size();
     const std::string name = ftplan::to_string(strategy_kind);

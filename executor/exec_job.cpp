@@ -50,11 +50,12 @@ ExecJob make_exec_job(const ftplan::TrainingSetup& setup_in, const std::string& 
     using S = ftplan::Strategy;
     const S st = *s.strategy;
     if (!(st == S::single || st == S::ddp || st == S::zero1 || st == S::zero2 || st == S::zero3 || st == S::fsdp ||
-          st == S::mp || st == S::pipeline_gpipe))
+          st == S::fsdp_shard_grad_op || st == S::fsdp_hybrid || st == S::mp || st == S::pipeline_gpipe ||
+          st == S::pipeline_1f1b))
       problems.push_back("strategy " + ftplan::to_string(st) +
-                         ": not run by ftexec (single, ddp, zero1, zero2, zero3, fsdp, mp, pipeline (GPipe))");
+                         ": not run by ftexec (single, ddp, zero1, zero2, zero3, fsdp, fsdp_shard_grad_op, fsdp_hybrid, "
+                         "mp, pipeline (GPipe), pipeline_1f1b)");
   }
-  if (s.method == ftplan::Method::qlora) problems.push_back("method qlora: not supported by ftexec yet (full, lora)");
   if (s.precision == ftplan::Precision::mixed_fp32_grads)
     problems.push_back("precision mixed_fp32_grads: not supported by ftexec (fp32, bf16, mixed)");
   if (s.optimizer != ftplan::Optimizer::adamw)

@@ -47,7 +47,13 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
 }
 
 at::Tensor linear(const Linear& l, const at::Tensor& x, bool training) {
-  at::Tensor y = at::linear(x, l.weight, l.bias);
+  at::Tensor y;
+  if (l.nf4) {  // QLoRA: dequantized just for this matmul (and again for its backward)
+    y = nf4_linear(x, *l.nf4);
+    if (l.bias.defined()) y = y + l.bias;
+  } else {
+    y = at::linear(x, l.weight, l.bias);
+  }
   if (l.lora) y = y + lora_forward(*l.lora, x, training);
   return y;
 }
@@ -322,7 +328,7 @@ std::vector<std::pair<std::string, at::Tensor>> llama_named_parameters(const Lla
     for (const char* name : kLinearNames) {
       const Linear& lin = block_linear(b, name);
       const std::string q = p + block_linear_prefix(name) + name;
-      out.emplace_back(q + ".weight", lin.weight);
+      if (lin.weight.defined()) out.emplace_back(q + ".weight", lin.weight);
       if (lin.bias.defined()) out.emplace_back(q + ".bias", lin.bias);
     }
     out.emplace_back(p + "post_attention_layernorm.weight", b.post_attention_layernorm);
@@ -330,6 +336,24 @@ std::vector<std::pair<std::string, at::Tensor>> llama_named_parameters(const Lla
   out.emplace_back("model.norm.weight", m.norm);
   if (m.lm_head.defined()) out.emplace_back("lm_head.weight", m.lm_head);
   return out;
+}
+
+void llama_quantize_nf4(LlamaModel& m) {
+  for (auto& b : m.layers)
+    for (const char* name : kLinearNames) {
+      Linear& lin = block_linear(b, name);
+      if (lin.nf4) continue;
+      lin.nf4 = std::make_shared<const Nf4Tensor>(nf4_quantize(lin.weight));
+      lin.weight = at::Tensor();
+    }
+}
+
+int64_t llama_nf4_bytes(const LlamaModel& m) {
+  int64_t bytes = 0;
+  for (const auto& b : m.layers)
+    for (const char* name : kLinearNames)
+      if (const auto& q = block_linear(b, name).nf4) bytes += q->storage_bytes();
+  return bytes;
 }
 
 std::vector<std::pair<std::string, std::vector<int64_t>>> llama_expected_tensors(const ftplan::ModelSpec& s) {

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -19,6 +20,7 @@
 
 #include <ATen/ATen.h>
 
+#include "executor/nf4.h"
 #include "executor/safetensors.h"
 #include "planner/model_spec.h"
 
@@ -33,9 +35,10 @@ struct LoraAdapter {
 };
 
 struct Linear {
-  at::Tensor weight;  // [out, in]
+  at::Tensor weight;  // [out, in]; undefined when held in NF4
   at::Tensor bias;    // [out], undefined without bias
   std::optional<LoraAdapter> lora;
+  std::shared_ptr<const Nf4Tensor> nf4;  // QLoRA: the frozen weight in NF4 (executor/nf4.h), else null
 };
 
 struct LlamaBlock {
@@ -74,7 +77,14 @@ struct LlamaModel {
 LlamaModel llama_create(const ftplan::ModelSpec& spec, const ModelOptions& options, uint64_t seed,
                         bool random_init = true);
 
-// The base parameters by Hugging Face name, in a fixed order (adapters are not included).
+// QLoRA: every block linear's weight quantized to NF4 (Linear::nf4) and its dense copy dropped;
+// biases, norms, the embedding and the head stay in the model's dtype (as bitsandbytes leaves them).
+void llama_quantize_nf4(LlamaModel& model);
+// Bytes of the NF4 weights (0 without QLoRA).
+int64_t llama_nf4_bytes(const LlamaModel& model);
+
+// The base parameters by Hugging Face name, in a fixed order (adapters and NF4 weights are not
+// included).
 std::vector<std::pair<std::string, at::Tensor>> llama_named_parameters(const LlamaModel& model);
 // The names and shapes a checkpoint of this config must hold.
 std::vector<std::pair<std::string, std::vector<int64_t>>> llama_expected_tensors(const ftplan::ModelSpec& spec);

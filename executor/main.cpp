@@ -43,7 +43,7 @@ void setup_run(CLI::App& app, RunOptions& o) {
   run->add_option("plan", o.plan_file, "plan.json written by `ftplan plan -o` (optional)");
   run->add_option("-o,--out", o.out, "where to write measured.json (atomically)");
   run->add_option("--model", o.model, "model config: short name (configs/models) or config.json path");
-  run->add_option("--method", o.method, "full | lora");
+  run->add_option("--method", o.method, "full | lora | qlora (NF4 block linears + LoRA)");
   run->add_option("--lora-rank", o.lora_rank, "LoRA rank r, e.g. 16");
   run->add_option("--lora-alpha", o.lora_alpha, "LoRA alpha, e.g. 32");
   run->add_option("--lora-dropout", o.lora_dropout, "LoRA dropout, e.g. 0.05");
@@ -68,7 +68,9 @@ void setup_run(CLI::App& app, RunOptions& o) {
   run->add_option("--save", o.save, "write the adapter (PEFT) or full weights (safetensors) to DIR");
   run->add_option("--load-weights", o.load_weights, "HF safetensors: file, folder or model.safetensors.index.json");
   run->add_flag("--no-progress", o.no_progress, "no progress bar even on a terminal");
-  run->add_option("--strategy", o.strategy, "single | ddp | zero1 | zero2 | zero3 | fsdp | mp | pipeline (GPipe)");
+  run->add_option("--strategy", o.strategy,
+                  "single | ddp | zero1 | zero2 | zero3 | fsdp | fsdp_shard_grad_op | fsdp_hybrid | mp | pipeline (GPipe) | "
+                  "pipeline_1f1b");
   run->add_option("--nproc", o.nproc, "start N local ranks (Gloo on CPU); under torchrun/srun/mpirun leave it out");
   run->add_option("--timeout-s", o.dist.timeout_s, "collective and rendezvous timeout in seconds")->capture_default_str();
   run->add_option("--fault-inject", o.dist.fault_inject, "debug: RANK:STEP:kill|hang|exit|throw[,...]");
@@ -77,6 +79,9 @@ void setup_run(CLI::App& app, RunOptions& o) {
   run->add_flag("--resume", o.dist.resume, "continue from the last complete checkpoint in --checkpoint-dir");
   run->add_option("--bucket-mb", o.dist.ddp_bucket_mb, "DDP gradient bucket size in MiB")->capture_default_str();
   run->add_option("--zero-bucket-elements", o.dist.zero_bucket_elements, "ZeRO-1/2 reduce bucket in elements")
+      ->capture_default_str();
+  run->add_option("--shard-group-size", o.dist.shard_group_size,
+                  "fsdp_hybrid: ranks per shard group (0: gpus_per_node of the --gpu hwdb entry)")
       ->capture_default_str();
   run->add_option("--backend", o.dist.backend, "auto (nccl on CUDA, gloo on CPU) | gloo | nccl")->capture_default_str();
 }

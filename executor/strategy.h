@@ -1,7 +1,8 @@
 // The distributed strategies ftexec runs, one class per concept (executor/strategies/):
 //   data_parallel.cpp  ddp, zero1, zero2: every rank holds all parameters
-//   sharded.cpp        zero3, fsdp: each unit's parameters sharded as one flat buffer
-//   pipeline.cpp       mp (naive model parallel), pipeline_gpipe
+//   sharded.cpp        zero3, fsdp, fsdp_shard_grad_op, fsdp_hybrid: each unit's parameters sharded
+//                      as one flat buffer
+//   pipeline.cpp       mp (naive model parallel), pipeline_gpipe, pipeline_1f1b
 //   common.cpp         the model's units, flat buffers, gradient clipping, the factory
 // A "unit" is what ZeRO-3/FSDP gather at once and what the planner sums its collectives over
 // (planner/step_time.h): the embedding, each decoder block, the head (final norm + lm_head).
@@ -37,6 +38,8 @@ struct StrategyOptions {
   int64_t ddp_bucket_bytes = INT64_C(25) << 20;         // PyTorch DDP's bucket_cap_mb
   int64_t ddp_first_bucket_bytes = INT64_C(1) << 20;    // torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
   int64_t zero_bucket_elements = INT64_C(500000000);    // DeepSpeed's reduce_bucket_size
+  int64_t shard_group_size = 0;                         // fsdp_hybrid: ranks sharding one replica, e.g. 8
+                                                        // (a node); 0: the whole world
 };
 
 // Bytes this rank holds between steps, by kind.
@@ -75,5 +78,8 @@ std::unique_ptr<DistStrategy> make_dist_strategy(LlamaModel& model, Comm& comm, 
 
 // Strategies ftexec runs with several ranks.
 bool dist_strategy_supported(ftplan::Strategy s);
+// With the method: QLoRA runs under ddp, zero1, zero2 (its NF4 weights replicated), mp and the
+// pipelines (split by stage), not where parameters are sharded within a unit (zero3, fsdp*).
+bool dist_strategy_supported(ftplan::Strategy s, ftplan::Method method);
 
 }  // namespace ftexec

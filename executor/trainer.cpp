@@ -154,7 +154,7 @@ int64_t Trainer::weight_bytes() const {
   int64_t bytes = 0;
   for (const auto& [name, p] : llama_named_parameters(model_)) bytes += p.nbytes();
   for (const auto& [name, p] : lora_named_parameters(model_)) bytes += p.nbytes();
-  return bytes;
+  return bytes + llama_nf4_bytes(model_);
 }
 
 int64_t Trainer::gradient_bytes() const {
@@ -234,7 +234,8 @@ nlohmann::json run_job(const ExecJob& job) {
   try {
     LlamaModel model = llama_create(job.model, mo, static_cast<uint64_t>(s.seed), job.load_weights.empty());
     if (!job.load_weights.empty()) llama_load_weights(model, job.load_weights);
-    if (s.method == ftplan::Method::lora) lora_attach(model, s.lora, static_cast<uint64_t>(s.seed));
+    if (s.method == ftplan::Method::qlora) llama_quantize_nf4(model);
+    if (s.method != ftplan::Method::full) lora_attach(model, s.lora, static_cast<uint64_t>(s.seed));
     Trainer trainer(model, s.method, s.precision, AdamWOptions{s.learning_rate, 0.9, 0.999, 1e-8, job.weight_decay},
                     s.grad_accum, job.max_grad_norm);
     auto data = open_data_source(s.data, job.model.vocab_size, static_cast<uint64_t>(s.seed));
@@ -265,7 +266,7 @@ nlohmann::json run_job(const ExecJob& job) {
                       : after.peak_bytes - baseline_bytes;
 
     if (!job.save_dir.empty()) {
-      if (s.method == ftplan::Method::lora) {
+      if (s.method != ftplan::Method::full) {  // LoRA and QLoRA: the adapter
         lora_save_peft(model, s.lora, job.save_dir, s.model);
       } else {
         llama_save_weights(model, job.save_dir);

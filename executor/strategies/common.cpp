@@ -17,7 +17,7 @@ std::vector<std::vector<UnitTensor>> model_units(LlamaModel& m) {
     for (const auto& shape : ftplan::block_linears(m.spec)) {
       Linear& lin = block_linear(b, shape.name);
       const std::string q = p + block_linear_prefix(shape.name) + shape.name;
-      u.push_back({q + ".weight", &lin.weight});
+      if (lin.weight.defined()) u.push_back({q + ".weight", &lin.weight});  // (not when held in NF4)
       if (lin.bias.defined()) u.push_back({q + ".bias", &lin.bias});
       if (lin.lora) {
         u.push_back({q + ".lora_A.weight", &lin.lora->a});
@@ -91,7 +91,7 @@ at::Tensor shard_param(const at::Tensor& owner_slice, const at::Tensor& grad) {
   return p;
 }
 
-double clip_grad_norm(const std::vector<at::Tensor>& grads, double max_norm, Comm* comm) {
+double clip_grad_norm(const std::vector<at::Tensor>& grads, double max_norm, Comm* comm, int replicas) {
   at::NoGradGuard no_grad;
   double norm = 0;
   if (!comm) {
@@ -108,7 +108,7 @@ double clip_grad_norm(const std::vector<at::Tensor>& grads, double max_norm, Com
         const double n = at::linalg_vector_norm(g, 2, c10::nullopt, false, at::kFloat).item<double>();
         sq += n * n;
       }
-    norm = std::sqrt(comm->all_reduce_scalar(sq));
+    norm = std::sqrt(comm->all_reduce_scalar(sq) / replicas);
   }
   if (max_norm > 0 && norm > max_norm) {
     const double coef = max_norm / (norm + 1e-6);
@@ -124,10 +124,21 @@ std::pair<at::Tensor, at::Tensor> micro_batch_tensors(const TokenBatch& b, const
 
 }  // namespace strategies
 
+bool dist_strategy_supported(ftplan::Strategy s, ftplan::Method method) {
+  using S = ftplan::Strategy;
+  // QLoRA's NF4 weights are replicated (or split by stage): not under the strategies that shard
+  // parameters within a unit.
+  if (method == ftplan::Method::qlora && (s == S::zero3 || s == S::fsdp || s == S::fsdp_shard_grad_op ||
+                                          s == S::fsdp_hybrid || s == S::zero2_offload || s == S::zero3_offload))
+    return false;
+  return dist_strategy_supported(s);
+}
+
 bool dist_strategy_supported(ftplan::Strategy s) {
   using S = ftplan::Strategy;
-  return s == S::ddp || s == S::zero1 || s == S::zero2 || s == S::zero3 || s == S::fsdp || s == S::mp ||
-         s == S::pipeline_gpipe;
+  return s == S::ddp || s == S::zero1 || s == S::zero2 || s == S::zero3 || s == S::fsdp ||
+         s == S::fsdp_shard_grad_op || s == S::fsdp_hybrid || s == S::mp || s == S::pipeline_gpipe ||
+         s == S::pipeline_1f1b;
 }
 
 std::unique_ptr<DistStrategy> make_dist_strategy(LlamaModel& model, Comm& comm, const StrategyOptions& o) {
@@ -137,12 +148,16 @@ std::unique_ptr<DistStrategy> make_dist_strategy(LlamaModel& model, Comm& comm, 
     case S::zero1:
     case S::zero2: return strategies::make_data_parallel(model, comm, o);
     case S::zero3:
-    case S::fsdp: return strategies::make_sharded(model, comm, o);
+    case S::fsdp:
+    case S::fsdp_shard_grad_op:
+    case S::fsdp_hybrid: return strategies::make_sharded(model, comm, o);
     case S::mp:
-    case S::pipeline_gpipe: return strategies::make_pipeline(model, comm, o);
+    case S::pipeline_gpipe:
+    case S::pipeline_1f1b: return strategies::make_pipeline(model, comm, o);
     default:
       ftplan::fail_input("strategy " + ftplan::to_string(o.strategy) +
-                         ": not run by ftexec (ddp, zero1, zero2, zero3, fsdp, mp, pipeline (GPipe))");
+                         ": not run by ftexec (ddp, zero1, zero2, zero3, fsdp, fsdp_shard_grad_op, fsdp_hybrid, mp, "
+                         "pipeline (GPipe), pipeline_1f1b)");
   }
 }
 

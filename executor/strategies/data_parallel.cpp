@@ -31,7 +31,7 @@ int64_t bytes_of(const std::vector<at::Tensor>& ts) {
 }
 
 int64_t model_weight_bytes(LlamaModel& m) {
-  int64_t b = 0;
+  int64_t b = llama_nf4_bytes(m);  // QLoRA's frozen block linears
   for (const auto& u : model_units(m))
     for (const auto& t : u) b += t.slot->nbytes();
   return b;

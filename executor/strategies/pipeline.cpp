@@ -1,4 +1,4 @@
-// Layers split across ranks: naive model parallelism and GPipe.
+// Layers split across ranks: naive model parallelism, GPipe and 1F1B.
 // Stage k of p = world size holds consecutive blocks (the planner's split: L/p, the first L%p stages
 // one more), stage 0 also the embedding, the last stage the final norm, lm_head and the loss.
 // Activations go forward and their gradients back point to point (send/recv).
@@ -6,6 +6,14 @@
 //                   busy at a time.
 //   pipeline_gpipe  all micro-batches forward, then all backward (Huang et al. 2019); each stage keeps
 //                   the activations of every micro-batch in flight.
+//   pipeline_1f1b   PipeDream-flush (Narayanan et al. 2021, as Megatron-LM's
+//                   forward_backward_pipelining_without_interleaving): stage k runs min(p-k-1, m)
+//                   warm-up forwards, then alternates one forward and one backward, then drains the
+//                   backwards; at most min(p-k, m) micro-batches are in flight on stage k instead of m.
+//                   Same gradients as GPipe (the same sums, in the same micro-batch order per
+//                   parameter), same bytes; in the steady state each neighbour pair exchanges an
+//                   activation and a gradient at once (Comm::send_recv), as Megatron's
+//                   send_forward_recv_backward does, since two blocking sends facing each other deadlock.
 // Every rank reads every micro-batch (the labels live on the last stage, the ids on the first).
 #include "executor/strategies/units.h"
 #include "planner/errors.h"
@@ -17,6 +25,7 @@ class Pipeline final : public DistStrategy {
  public:
   Pipeline(LlamaModel& m, Comm& comm, const StrategyOptions& o) : m_(m), comm_(comm), o_(o) {
     gpipe_ = o.strategy == ftplan::Strategy::pipeline_gpipe;
+    one_f_one_b_ = o.strategy == ftplan::Strategy::pipeline_1f1b;
     const int64_t L = static_cast<int64_t>(m.layers.size());
     p_ = comm.world();
     k_ = comm.rank();
@@ -59,6 +68,10 @@ class Pipeline final : public DistStrategy {
         if (t.slot->requires_grad()) trainable_.push_back(*t.slot);
       }
     }
+    // QLoRA: the NF4 weights of the other stages' blocks go too.
+    for (int64_t l = 0; l < L; ++l)
+      if (l < first_layer_ || l >= last_layer_)
+        for (const auto& shape : ftplan::block_linears(m.spec)) block_linear(m.layers[l], shape.name).nf4.reset();
     adam_ = std::make_unique<AdamW>(trainable_, o.adamw, o.precision == ftplan::Precision::mixed);
   }
 
@@ -68,7 +81,9 @@ class Pipeline final : public DistStrategy {
     const int64_t G = static_cast<int64_t>(micro.size());
     loss_sum_ = 0;
     inflight_.assign(G, {});
-    if (gpipe_) {
+    if (one_f_one_b_) {
+      run_1f1b(micro);
+    } else if (gpipe_) {
       for (int64_t i = 0; i < G; ++i) forward(i, micro[i], G);
       for (int64_t i = 0; i < G; ++i) backward(i, micro[i]);
     } else {
@@ -90,6 +105,7 @@ class Pipeline final : public DistStrategy {
 
   StateBytes state_bytes() const override {
     StateBytes s;
+    s.weights = llama_nf4_bytes(m_);  // QLoRA: this stage's NF4 weights
     for (const auto& t : owned_) s.weights += t.nbytes();
     for (const auto& t : trainable_)
       if (t.grad().defined()) s.gradients += t.grad().nbytes();
@@ -117,46 +133,107 @@ class Pipeline final : public DistStrategy {
                      at::TensorOptions().dtype(m_.options.dtype).device(m_.options.device));
   }
 
-  void forward(int64_t i, const TokenBatch& b, int64_t G) {
+  // Runs this stage's layers on micro-batch i. `input`: the activation received from stage k-1
+  // (undefined on stage 0). Returns the activation to send to stage k+1 (undefined on the last
+  // stage, which computes the loss).
+  at::Tensor stage_forward(int64_t i, const TokenBatch& b, int64_t G, const at::Tensor& input) {
     auto [ids, labels] = micro_batch_tensors(b, m_.options.device);
     InFlight& f = inflight_[i];
     at::Tensor h;
     if (k_ == 0) {
       h = llama_embed(m_, ids);
     } else {
-      f.input = activation(b);
-      comm_.recv(f.input, int(k_ - 1));
+      f.input = input;
       f.input.set_requires_grad(upstream_trains_);
       h = f.input;
     }
     for (int64_t l = first_layer_; l < last_layer_; ++l) h = llama_block_apply(m_, l, h);
     if (k_ < p_ - 1) {
-      comm_.send(h.detach(), int(k_ + 1));
       f.output = h;
-    } else {
-      at::Tensor loss = llama_head_loss(m_, h, labels);
-      loss_sum_ += loss.item<double>();
-      f.output = loss * (1.0 / double(G));
+      return h.detach();
     }
+    at::Tensor loss = llama_head_loss(m_, h, labels);
+    loss_sum_ += loss.item<double>();
+    f.output = loss * (1.0 / double(G));
+    return at::Tensor();
   }
 
-  void backward(int64_t i, const TokenBatch& b) {
+  // Backward of micro-batch i from the gradient of its output (received from stage k+1; undefined
+  // on the last stage or when none is sent). Returns the gradient of its input for stage k-1
+  // (undefined when none is sent), and frees the micro-batch.
+  at::Tensor stage_backward(int64_t i, const at::Tensor& grad) {
     InFlight& f = inflight_[i];
     if (k_ == p_ - 1) {
       f.output.backward();
-    } else if (downstream_sends_grad_) {
-      at::Tensor g = activation(b);
-      comm_.recv(g, int(k_ + 1));
-      if (f.output.requires_grad()) f.output.backward(g);
+    } else if (grad.defined() && f.output.requires_grad()) {
+      f.output.backward(grad);
     }
-    if (k_ > 0 && upstream_trains_) comm_.send(f.input.grad(), int(k_ - 1));
+    at::Tensor g = k_ > 0 && upstream_trains_ ? f.input.grad() : at::Tensor();
     f = InFlight{};
+    return g;
+  }
+
+  bool receives_grad() const { return k_ < p_ - 1 && downstream_sends_grad_; }
+
+  at::Tensor recv_activation(const TokenBatch& b) {
+    at::Tensor a = activation(b);
+    comm_.recv(a, int(k_ - 1));
+    return a;
+  }
+
+  void forward(int64_t i, const TokenBatch& b, int64_t G) {
+    const at::Tensor out = stage_forward(i, b, G, k_ > 0 ? recv_activation(b) : at::Tensor());
+    if (out.defined()) comm_.send(out, int(k_ + 1));
+  }
+
+  void backward(int64_t i, const TokenBatch& b) {
+    at::Tensor grad;
+    if (receives_grad()) {
+      grad = activation(b);
+      comm_.recv(grad, int(k_ + 1));
+    }
+    const at::Tensor g = stage_backward(i, grad);
+    if (g.defined()) comm_.send(g, int(k_ - 1));
+  }
+
+  // PipeDream-flush on stage k (Megatron-LM's schedule, names as there).
+  void run_1f1b(const std::vector<TokenBatch>& micro) {
+    const int64_t G = static_cast<int64_t>(micro.size());
+    const bool has_prev = k_ > 0, has_next = k_ < p_ - 1;
+    const int64_t warmup = std::min<int64_t>(p_ - k_ - 1, G), remaining = G - warmup;
+    int64_t fi = 0, bi = 0;  // next micro-batch to run forward, backward
+    for (; fi < warmup; ++fi) forward(fi, micro[fi], G);
+    at::Tensor input = remaining > 0 && has_prev ? recv_activation(micro[fi]) : at::Tensor();
+    for (int64_t r = 0; r < remaining; ++r, ++fi, ++bi) {
+      const at::Tensor out = stage_forward(fi, micro[fi], G, input);
+      at::Tensor grad;
+      if (has_next) {  // send_forward_recv_backward
+        if (receives_grad()) {
+          grad = activation(micro[bi]);
+          comm_.send_recv(out, int(k_ + 1), grad, int(k_ + 1));
+        } else {
+          comm_.send(out, int(k_ + 1));
+        }
+      }
+      const at::Tensor g = stage_backward(bi, grad);
+      input = at::Tensor();
+      if (!has_prev) continue;
+      if (r + 1 < remaining) {  // send_backward_recv_forward
+        input = activation(micro[fi + 1]);
+        if (g.defined()) comm_.send_recv(g, int(k_ - 1), input, int(k_ - 1));
+        else comm_.recv(input, int(k_ - 1));
+      } else if (g.defined()) {
+        comm_.send(g, int(k_ - 1));
+      }
+    }
+    for (; bi < G; ++bi) backward(bi, micro[bi]);  // cool-down
   }
 
   LlamaModel& m_;
   Comm& comm_;
   StrategyOptions o_;
   bool gpipe_ = false;
+  bool one_f_one_b_ = false;
   int64_t p_ = 1, k_ = 0, first_layer_ = 0, last_layer_ = 0;
   bool upstream_trains_ = false, downstream_sends_grad_ = false;
   std::vector<at::Tensor> owned_, trainable_;

@@ -1,4 +1,4 @@
-// Sharded parameters: ZeRO-3 and PyTorch-FSDP-style full sharding.
+// Sharded parameters: ZeRO-3 and PyTorch FSDP's FULL_SHARD, SHARD_GRAD_OP and HYBRID_SHARD.
 // Each unit (embedding, block, head) keeps its parameters as flat buffers (trainable and frozen
 // apart) whose storage is empty except while the unit is in use; the rank keeps its shard.
 //   forward   before unit u runs: gather u (unless prefetched) and prefetch u+1; after: free u.
@@ -9,6 +9,17 @@
 //             flat gradients into the shard and free the parameters and the flat gradients.
 //   fsdp      as zero3, but the last unit (norm, lm_head) stays gathered from its forward to the end
 //             of backward, as PyTorch FSDP's root unit does (gathered once: one all-gather fewer).
+//   fsdp_shard_grad_op  (ZeRO-2-like FSDP) every unit stays gathered from its forward to the end of
+//             its backward: one all-gather per unit and micro-batch, none in backward, at the cost
+//             of holding all parameters at the turn from forward to backward; gradients are
+//             reduce-scattered and gradients and optimizer states stay sharded as in fsdp.
+//   fsdp_hybrid  fsdp inside each shard group of S consecutive ranks (a node: the hwdb entry's
+//             gpus_per_node, or --shard-group-size), replicated across the N/S groups: gathers and
+//             reduce-scatters run over the shard group; once per step, before clipping, each
+//             gradient shard is all-reduced across the replica group (the ranks holding the same
+//             shard in every group). PyTorch FSDP all-reduces after every micro-batch's backward
+//             unless no_sync is used; once per step is the same sum with G times fewer bytes, and
+//             is what the planner counts (planner/step_time.cpp).
 // Freeing resizes the storage to 0 bytes (compat::storage_resize), as FSDP does, so the tensors
 // autograd saved keep their identity and see the refilled bytes in backward.
 #include "executor/strategies/units.h"
@@ -21,23 +32,40 @@ namespace {
 class Sharded final : public DistStrategy {
  public:
   Sharded(LlamaModel& m, Comm& comm, const StrategyOptions& o) : m_(m), comm_(comm), o_(o) {
-    fsdp_ = o.strategy == ftplan::Strategy::fsdp;
+    using S = ftplan::Strategy;
+    keep_root_ = o.strategy == S::fsdp || o.strategy == S::fsdp_hybrid;
+    keep_all_ = o.strategy == S::fsdp_shard_grad_op;
+    const int N = comm.world(), r = comm.rank();
+    // Shard group: consecutive ranks [g·S, (g+1)·S); replica group: the ranks at the same position.
+    int64_t S_size = N;
+    if (o.strategy == S::fsdp_hybrid && o.shard_group_size > 0) S_size = std::min<int64_t>(N, o.shard_group_size);
+    if (N % S_size != 0)
+      ftplan::fail_input("strategy fsdp_hybrid: WORLD_SIZE(" + std::to_string(N) + ") % shard group size(" +
+                         std::to_string(S_size) + ") != 0");
+    group_size_ = static_cast<int>(S_size);
+    pos_ = r % group_size_;
+    if (group_size_ < N) {
+      for (int k = 0; k < group_size_; ++k) shard_group_.push_back(r - pos_ + k);
+      for (int k = pos_; k < N; k += group_size_) replica_group_.push_back(k);
+    }
     if (m.spec.tie_word_embeddings)
       ftplan::fail_input("strategy " + ftplan::to_string(o.strategy) + ": tied embeddings (" + m.spec.name +
                          ") are not supported by ftexec's sharded strategies yet");
     set_trainable(m, o.method);
-    const int N = comm.world(), r = comm.rank();
     at::NoGradGuard no_grad;
     std::vector<at::Tensor> shard_params;
     for (auto& tensors : model_units(m)) {
       Unit u;
       std::vector<UnitTensor> train, frozen;
       for (auto& t : tensors) (t.slot->requires_grad() ? train : frozen).push_back(t);
+      // Padded to a multiple of N (not only S): a hybrid gradient shard (padded / S) then divides
+      // into the N/S chunks of the replica group's ring all-reduce.
       u.train = flat_group(train, N);
       u.frozen = flat_group(frozen, N);
       for (FlatGroup* g : {&u.train, &u.frozen}) {
+        g->shard = g->padded / group_size_;
         if (g->empty()) continue;
-        at::Tensor shard = g->chunk(r).clone();
+        at::Tensor shard = g->chunk(pos_).clone();
         (g == &u.train ? u.train_shard : u.frozen_shard) = shard;
         compat::storage_resize(g->full, 0);
       }
@@ -71,7 +99,12 @@ class Sharded final : public DistStrategy {
       release(units_.size() - 1);  // FSDP's root unit
     }
     at::NoGradGuard no_grad;
-    grad_norm_ = clip_grad_norm(grad_shards_, o_.max_grad_norm, &comm_);
+    if (!replica_group_.empty()) {  // hybrid: sum the shards' gradients across the replica groups
+      for (auto& u : units_)
+        if (u.grad_shard.defined()) comm_.all_reduce_ring(u.grad_shard, shard_padding_bytes(u.train), replica_group_);
+    }
+    // Squared norms summed over every rank count each shard once per replica group: divide.
+    grad_norm_ = clip_grad_norm(grad_shards_, o_.max_grad_norm, &comm_, comm_.world() / group_size_);
     adam_->step();
     return comm_.all_reduce_scalar(loss_sum / double(G)) / comm_.world();
   }
@@ -113,12 +146,11 @@ class Sharded final : public DistStrategy {
     Unit& u = units_[ui];
     if (u.gathered) return;
     at::NoGradGuard no_grad;
-    const int r = comm_.rank();
     for (auto [g, shard] : {std::make_pair(&u.train, &u.train_shard), std::make_pair(&u.frozen, &u.frozen_shard)}) {
       if (g->empty()) continue;
       compat::storage_resize(g->full, size_t(g->padded) * g->full.element_size());
-      g->chunk(r).copy_(*shard);
-      comm_.all_gather(g->full, g->padding_bytes());
+      g->chunk(pos_).copy_(*shard);
+      comm_.all_gather(g->full, g->padding_bytes(), shard_group_);
     }
     u.gathered = true;
   }
@@ -131,7 +163,13 @@ class Sharded final : public DistStrategy {
     u.gathered = false;
   }
 
-  bool keep_after_forward(size_t ui) const { return fsdp_ && ui == units_.size() - 1; }
+  bool keep_after_forward(size_t ui) const { return keep_all_ || (keep_root_ && ui == units_.size() - 1); }
+
+  // Padding inside this rank's shard of `g` (the padding sits at the end of the flat buffer).
+  double shard_padding_bytes(const FlatGroup& g) const {
+    const int64_t end = (pos_ + 1) * g.shard, begin = pos_ * g.shard;
+    return double(std::max<int64_t>(0, end - std::max(begin, g.numel))) * g.element_bytes();
+  }
 
   // Runs unit ui on `input` and arms its backward hooks.
   template <class F>
@@ -195,9 +233,10 @@ class Sharded final : public DistStrategy {
       if (!u.grad_full.defined()) {  // no gradient reached this unit: reduce zeros (every rank must)
         u.grad_full = at::zeros({u.train.padded}, u.train_shard.options());
       }
-      comm_.reduce_scatter_sum(u.grad_full, u.train.padding_bytes());
-      at::Tensor mine = u.grad_full.narrow(0, comm_.rank() * u.train.shard, u.train.shard);
-      mine.mul_(1.0 / comm_.world());  // the mean over ranks (SUM, then divide)
+      comm_.reduce_scatter_sum(u.grad_full, u.train.padding_bytes(), shard_group_);
+      at::Tensor mine = u.grad_full.narrow(0, pos_ * u.train.shard, u.train.shard);
+      // The mean over all ranks (SUM, then divide); hybrid adds the other groups' sums at the step.
+      mine.mul_(1.0 / comm_.world());
       if (first_micro_) u.grad_shard.copy_(mine);
       else u.grad_shard.add_(mine);
       for (auto& t : u.train.tensors) t.slot->mutable_grad() = at::Tensor();
@@ -205,14 +244,19 @@ class Sharded final : public DistStrategy {
     }
     // FSDP reshards its root unit only once backward is over (PyTorch FSDP's root keeps its
     // parameters from forward to the end of backward); the step's final sweep releases it.
-    if (!(fsdp_ && ui == units_.size() - 1)) release(ui);
+    if (!(keep_root_ && ui == units_.size() - 1)) release(ui);
     u.finished = true;
   }
 
   LlamaModel& m_;
   Comm& comm_;
   StrategyOptions o_;
-  bool fsdp_ = false;
+  bool keep_root_ = false;  // fsdp, fsdp_hybrid: the last unit stays gathered through backward
+  bool keep_all_ = false;   // fsdp_shard_grad_op: every unit stays gathered until its backward ends
+  int group_size_ = 1;      // S: ranks sharding one replica (N but for hybrid)
+  int pos_ = 0;             // this rank's position in its shard group: the chunk it owns
+  RankGroup shard_group_;   // empty: the world
+  RankGroup replica_group_; // hybrid with S < N: the ranks holding the same shard
   bool first_micro_ = true;
   std::vector<Unit> units_;
   std::vector<at::Tensor> grad_shards_;

@@ -59,8 +59,9 @@ at::Tensor shard_param(const at::Tensor& owner_slice, const at::Tensor& grad);
 
 // Clips gradients to `max_norm` by the global L2 norm (torch.nn.utils.clip_grad_norm_); with
 // `comm` the gradients are shards or stages and the squared norms are summed over ranks. Returns
-// the norm before clipping.
-double clip_grad_norm(const std::vector<at::Tensor>& grads, double max_norm, Comm* comm);
+// the norm before clipping. `replicas`: how many ranks hold each shard (FSDP hybrid: the replica
+// groups), so the summed squares count each shard once.
+double clip_grad_norm(const std::vector<at::Tensor>& grads, double max_norm, Comm* comm, int replicas = 1);
 
 std::pair<at::Tensor, at::Tensor> micro_batch_tensors(const TokenBatch& b, const at::Device& device);
 
