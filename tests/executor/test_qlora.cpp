@@ -18,6 +18,7 @@
 #include "executor_test_util.h"
 #include "planner/hardware_spec.h"
 #include "planner/memory_model.h"
+#include "planner/memory_report.h"
 #include "planner/precision.h"
 
 #undef CHECK
@@ -157,11 +158,7 @@ TEST_CASE("QLoRA's measured peak is within 10% of the planner's estimate", "[exe
   ExecJob job = make_exec_job(setup, "cpu");
   job.threads = 2;
   const nlohmann::json measured = run_job(job);
-  ftplan::Candidate c;
-  c.strategy = ftplan::Strategy::single;
-  c.micro_batch = 4;
-  c.checkpointing = ftplan::Checkpointing::none;
-  c.attention = ftplan::Attention::eager;
+  const ftplan::Candidate c = ftplan::candidate_from_setup(setup, ftplan::Strategy::single);
   const auto predicted = ftplan::estimate_memory(job.model, ftplan::load_hardware("cpu"), setup, c).per_gpu;
   const auto& rank = measured["ranks"][0];
   const auto& parts = rank["components"];

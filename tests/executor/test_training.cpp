@@ -18,6 +18,7 @@
 #include "planner/errors.h"
 #include "planner/hardware_spec.h"
 #include "planner/memory_model.h"
+#include "planner/memory_report.h"
 
 // glog (through LibTorch) defines CHECK too: Catch2 must come last and win.
 #undef CHECK
@@ -152,11 +153,7 @@ TEST_CASE("measured CPU peak memory is within 10% of the planner's estimate", "[
   job.threads = 2;
   const nlohmann::json measured = run_job(job);
 
-  ftplan::Candidate candidate;
-  candidate.strategy = ftplan::Strategy::single;
-  candidate.micro_batch = 8;
-  candidate.checkpointing = ftplan::Checkpointing::none;
-  candidate.attention = ftplan::Attention::eager;
+  const ftplan::Candidate candidate = ftplan::candidate_from_setup(setup, ftplan::Strategy::single);
   const auto predicted = ftplan::estimate_memory(job.model, ftplan::load_hardware("cpu"), setup, candidate).per_gpu;
   const auto& rank = measured["ranks"][0];
   const auto& parts = rank["components"];
