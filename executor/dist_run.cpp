@@ -171,10 +171,6 @@ nlohmann::json comm_json(const CommStats& s, double steps, bool calls) {
 nlohmann::json run_rank(const ExecJob& job, const DistEnv& env, const DistOptions& o) {
   const auto& s = job.setup;
   const ftplan::Strategy strategy_kind = *s.strategy;
-  if (s.method == ftplan::Method::qlora && !dist_strategy_supported(strategy_kind, s.method))
-    ftplan::fail_input("method qlora with strategy " + ftplan::to_string(strategy_kind) +
-                       ": ftexec does not shard NF4 weights within a unit, so QLoRA runs single, ddp, zero1, zero2, "
-                       "mp or the pipelines");
   if (!dist_strategy_supported(strategy_kind))
     ftplan::fail_input("strategy " + ftplan::to_string(strategy_kind) +
                        ": not run by ftexec (ddp, zero1, zero2, zero3, fsdp, fsdp_shard_grad_op, fsdp_hybrid, mp, "

@@ -343,7 +343,7 @@ void llama_quantize_nf4(LlamaModel& m) {
     for (const char* name : kLinearNames) {
       Linear& lin = block_linear(b, name);
       if (lin.nf4) continue;
-      lin.nf4 = std::make_shared<const Nf4Tensor>(nf4_quantize(lin.weight));
+      lin.nf4 = std::make_shared<Nf4Tensor>(nf4_quantize(lin.weight));
       lin.weight = at::Tensor();
     }
 }

@@ -38,7 +38,8 @@ struct Linear {
   at::Tensor weight;  // [out, in]; undefined when held in NF4
   at::Tensor bias;    // [out], undefined without bias
   std::optional<LoraAdapter> lora;
-  std::shared_ptr<const Nf4Tensor> nf4;  // QLoRA: the frozen weight in NF4 (executor/nf4.h), else null
+  std::shared_ptr<Nf4Tensor> nf4;  // QLoRA: the frozen weight in NF4 (executor/nf4.h), else null
+                                  // (mutable: ZeRO-3/FSDP rebind its tensors onto shardable buffers)
 };
 
 struct LlamaBlock {

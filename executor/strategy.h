@@ -76,10 +76,7 @@ class DistStrategy {
 // InputError for a strategy or model this executor does not run (naming what is unsupported).
 std::unique_ptr<DistStrategy> make_dist_strategy(LlamaModel& model, Comm& comm, const StrategyOptions& options);
 
-// Strategies ftexec runs with several ranks.
+// Strategies ftexec runs with several ranks (each with every method: full, LoRA, QLoRA).
 bool dist_strategy_supported(ftplan::Strategy s);
-// With the method: QLoRA runs under ddp, zero1, zero2 (its NF4 weights replicated), mp and the
-// pipelines (split by stage), not where parameters are sharded within a unit (zero3, fsdp*).
-bool dist_strategy_supported(ftplan::Strategy s, ftplan::Method method);
 
 }  // namespace ftexec

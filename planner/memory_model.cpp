@@ -22,12 +22,13 @@ struct UnitParams {
   int64_t trainable = 0;  // stored with the trainable convention (weights, gradients, optimizer)
   int64_t frozen = 0;     // stored in the compute dtype
   int64_t nf4 = 0;        // stored in NF4 (QLoRA's frozen block linears)
+  int64_t nf4_bytes = 0;  // their storage, tensor by tensor (nf4_storage_bytes)
   int64_t total() const { return trainable + frozen + nf4; }
 };
 
-UnitParams operator*(int64_t n, UnitParams u) { return {n * u.trainable, n * u.frozen, n * u.nf4}; }
+UnitParams operator*(int64_t n, UnitParams u) { return {n * u.trainable, n * u.frozen, n * u.nf4, n * u.nf4_bytes}; }
 UnitParams operator+(UnitParams a, UnitParams b) {
-  return {a.trainable + b.trainable, a.frozen + b.frozen, a.nf4 + b.nf4};
+  return {a.trainable + b.trainable, a.frozen + b.frozen, a.nf4 + b.nf4, a.nf4_bytes + b.nf4_bytes};
 }
 
 int64_t lora_params_per_layer(const ModelSpec& model, const LoraSpec& lora) {
@@ -46,9 +47,10 @@ struct JobUnits {
 JobUnits job_units(const ModelSpec& model, const TrainingSetup& setup) {
   const ParamCounts p = count_params(model);
   JobUnits u;
-  int64_t linear_weights = 0;
+  int64_t linear_weights = 0, linear_nf4_bytes = 0;
   for (const auto& lin : block_linears(model)) {
     linear_weights += lin.in_features * lin.out_features;
+    linear_nf4_bytes += nf4_storage_bytes(lin.in_features * lin.out_features);
     u.largest_linear = std::max(u.largest_linear, lin.in_features * lin.out_features);
   }
   switch (setup.method) {
@@ -64,7 +66,7 @@ JobUnits job_units(const ModelSpec& model, const TrainingSetup& setup) {
       break;
     case Method::qlora:  // bitsandbytes quantises the block linears' weights; the rest stays bf16
       u.embedding = {0, p.embedding, 0};
-      u.layer = {lora_params_per_layer(model, setup.lora), p.per_layer - linear_weights, linear_weights};
+      u.layer = {lora_params_per_layer(model, setup.lora), p.per_layer - linear_weights, linear_weights, linear_nf4_bytes};
       u.head = {0, p.final_norm + p.lm_head, 0};
       break;
   }
@@ -77,7 +79,7 @@ struct StateBytes {
 
 StateBytes state_bytes(const UnitParams& u, const TrainingSetup& setup) {
   const ParamBytes tb = trainable_param_bytes(setup.precision, setup.optimizer);
-  return {u.trainable * tb.weight + u.frozen * frozen_weight_bytes(setup.precision) + u.nf4 * kNf4BytesPerParam,
+  return {u.trainable * tb.weight + u.frozen * frozen_weight_bytes(setup.precision) + double(u.nf4_bytes),
           u.trainable * tb.gradient, u.trainable * tb.optimizer};
 }
 

@@ -23,6 +23,11 @@ ParamBytes trainable_param_bytes(Precision precision, Optimizer optimizer) {
 
 int activation_bytes(Precision precision) { return precision == Precision::fp32 ? 4 : 2; }
 
+int64_t nf4_storage_bytes(int64_t numel) {
+  const int64_t blocks = (numel + 63) / 64;
+  return (numel + 1) / 2 + blocks + (blocks + 255) / 256 * 4;
+}
+
 double frozen_weight_bytes(Precision precision) { return precision == Precision::fp32 ? 4.0 : 2.0; }
 
 }  // namespace ftplan

@@ -27,5 +27,9 @@ double frozen_weight_bytes(Precision precision);
 // 4 bits + an 8-bit absmax per 64 weights + an fp32 absmax per 256 blocks = 4.127 bits.
 constexpr double kNf4BitsPerParam = 4.0 + 8.0 / 64.0 + 32.0 / (64.0 * 256.0);
 constexpr double kNf4BytesPerParam = kNf4BitsPerParam / 8.0;
+// Exact bytes of one tensor of `numel` weights in NF4, as bitsandbytes stores it: two codes per
+// byte, one absmax byte per block of 64 (the last one partial), one fp32 per 256 blocks (the last
+// group partial). kNf4BytesPerParam × numel when numel is a multiple of 64 × 256.
+int64_t nf4_storage_bytes(int64_t numel);
 
 }  // namespace ftplan

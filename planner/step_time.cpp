@@ -147,15 +147,22 @@ StepEstimate estimate_step(const PlanContext& ctx, const Candidate& cand, const 
       auto stime = [&](Collective c, double b) { return collective_time_s(shard_net, c, b); };
       const double gathers = cand.strategy == Strategy::fsdp_shard_grad_op ? 1.0 : 2.0;  // forward, backward
       // Each unit is gathered before its forward and again before its backward (ZeRO-3: 1.5x DDP's
-      // volume), except that PyTorch FSDP keeps its last (root) unit gathered from forward into backward.
-      const double regathers = cand.strategy == Strategy::fsdp || hybrid ? 1.0 : 0.0;
+      // volume), except that PyTorch FSDP keeps its last (root) unit gathered from forward into
+      // backward, and a frozen embedding (LoRA, QLoRA) has no backward: its input, the token ids,
+      // needs no gradient, so no pre-backward hook fires for it.
+      const bool full_shard = gathers == 2.0;
+      const double root_kept = cand.strategy == Strategy::fsdp || hybrid ? 1.0 : 0.0;
+      const double frozen_embedding = full_shard && ctx.embedding_grad_bytes == 0 ? 1.0 : 0.0;
       double mb_comm = gathers * per_unit_collective_s(ctx, Collective::all_gather, UnitBytes::weights, shard_net) -
-                       regathers * stime(Collective::all_gather, ctx.head_weight_bytes) +
+                       root_kept * stime(Collective::all_gather, ctx.head_weight_bytes) -
+                       frozen_embedding * stime(Collective::all_gather, ctx.embedding_weight_bytes) +
                        per_unit_collective_s(ctx, Collective::reduce_scatter, UnitBytes::gradients, shard_net);
-      double mb_bytes = wire_bytes(Collective::all_gather, gathers * ctx.weight_bytes - regathers * ctx.head_weight_bytes, shard) +
+      const double gathered = gathers * ctx.weight_bytes - root_kept * ctx.head_weight_bytes -
+                              frozen_embedding * ctx.embedding_weight_bytes;
+      double mb_bytes = wire_bytes(Collective::all_gather, gathered, shard) +
                         wire_bytes(Collective::reduce_scatter, ctx.grad_bytes, shard);
       if (cand.strategy == Strategy::zero3_offload) {  // parameters come up from the host for each use
-        mb_comm += gathers * ctx.weight_bytes / shard / net.host_bandwidth_bytes_per_s;
+        mb_comm += gathered / shard / net.host_bandwidth_bytes_per_s;
       }
       // The first unit's gather and the last unit's reduce-scatter have no compute to hide behind.
       const double unhidden = stime(Collective::all_gather, ctx.embedding_weight_bytes) +

@@ -224,7 +224,10 @@ OpGraph build_data_parallel_graph(const StepInputs& in) {
   units.reserve(static_cast<std::size_t>(2) * layers * m);
   for (int k = 0; k < m; ++k) {
     for (int i = 0; i < layers; ++i) units.push_back({i, k, true, gathers});
-    for (int i = layers - 1; i >= 0; --i) units.push_back({i, k, false, full_shard && !(keeps_last && i == layers - 1)});
+    // Backward gathers again, but not FSDP's root, nor a first unit without gradients (a frozen
+    // embedding: its input needs no gradient, so it has no backward to gather for).
+    for (int i = layers - 1; i >= 0; --i)
+      units.push_back({i, k, false, full_shard && !(keeps_last && i == layers - 1) && !(i == 0 && in.layers[0].grad_bytes == 0)});
   }
   std::vector<OpId> gather_op(units.size(), kNoOp);
   std::vector<std::size_t> gather_alloc(units.size(), kNone);

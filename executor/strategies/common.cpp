@@ -6,7 +6,7 @@
 namespace ftexec {
 namespace strategies {
 
-std::vector<std::vector<UnitTensor>> model_units(LlamaModel& m) {
+std::vector<std::vector<UnitTensor>> model_units(LlamaModel& m, bool with_nf4) {
   std::vector<std::vector<UnitTensor>> units;
   units.push_back({{"model.embed_tokens.weight", &m.embed_tokens}});
   for (size_t l = 0; l < m.layers.size(); ++l) {
@@ -18,6 +18,11 @@ std::vector<std::vector<UnitTensor>> model_units(LlamaModel& m) {
       Linear& lin = block_linear(b, shape.name);
       const std::string q = p + block_linear_prefix(shape.name) + shape.name;
       if (lin.weight.defined()) u.push_back({q + ".weight", &lin.weight});  // (not when held in NF4)
+      if (lin.nf4 && with_nf4) {
+        u.push_back({q + ".weight", &lin.nf4->codes});
+        u.push_back({q + ".weight.absmax", &lin.nf4->absmax_q});
+        u.push_back({q + ".weight.nested_absmax", &lin.nf4->absmax_scale});
+      }
       if (lin.bias.defined()) u.push_back({q + ".bias", &lin.bias});
       if (lin.lora) {
         u.push_back({q + ".lora_A.weight", &lin.lora->a});
@@ -123,16 +128,6 @@ std::pair<at::Tensor, at::Tensor> micro_batch_tensors(const TokenBatch& b, const
 }
 
 }  // namespace strategies
-
-bool dist_strategy_supported(ftplan::Strategy s, ftplan::Method method) {
-  using S = ftplan::Strategy;
-  // QLoRA's NF4 weights are replicated (or split by stage): not under the strategies that shard
-  // parameters within a unit.
-  if (method == ftplan::Method::qlora && (s == S::zero3 || s == S::fsdp || s == S::fsdp_shard_grad_op ||
-                                          s == S::fsdp_hybrid || s == S::zero2_offload || s == S::zero3_offload))
-    return false;
-  return dist_strategy_supported(s);
-}
 
 bool dist_strategy_supported(ftplan::Strategy s) {
   using S = ftplan::Strategy;

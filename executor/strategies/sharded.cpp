@@ -1,6 +1,7 @@
 // Sharded parameters: ZeRO-3 and PyTorch FSDP's FULL_SHARD, SHARD_GRAD_OP and HYBRID_SHARD.
-// Each unit (embedding, block, head) keeps its parameters as flat buffers (trainable and frozen
-// apart) whose storage is empty except while the unit is in use; the rank keeps its shard.
+// Each unit (embedding, block, head) keeps its parameters as flat buffers (the trainable ones, and
+// the frozen ones per dtype: QLoRA's NF4 codes and absmaxes are uint8 and fp32 tensors sharded like
+// any other) whose storage is empty except while the unit is in use; the rank keeps its shard.
 //   forward   before unit u runs: gather u (unless prefetched) and prefetch u+1; after: free u.
 //   backward  a hook on unit u's output fires when its gradient is complete, i.e. just before u's
 //             backward: gather u again, prefetch u-1, point u's .grad fields at one zeroed flat
@@ -22,6 +23,8 @@
 //             is what the planner counts (planner/step_time.cpp).
 // Freeing resizes the storage to 0 bytes (compat::storage_resize), as FSDP does, so the tensors
 // autograd saved keep their identity and see the refilled bytes in backward.
+#include <map>
+
 #include "executor/strategies/units.h"
 #include "executor/torch_compat.h"
 #include "planner/errors.h"
@@ -54,32 +57,36 @@ class Sharded final : public DistStrategy {
     set_trainable(m, o.method);
     at::NoGradGuard no_grad;
     std::vector<at::Tensor> shard_params;
-    for (auto& tensors : model_units(m)) {
+    for (auto& tensors : model_units(m, /*with_nf4=*/true)) {
       Unit u;
-      std::vector<UnitTensor> train, frozen;
-      for (auto& t : tensors) (t.slot->requires_grad() ? train : frozen).push_back(t);
+      std::vector<UnitTensor> train;
+      std::map<at::ScalarType, std::vector<UnitTensor>> frozen;  // one flat buffer per dtype
+      for (auto& t : tensors) {
+        if (t.slot->requires_grad()) train.push_back(t);
+        else frozen[t.slot->scalar_type()].push_back(t);
+      }
       // Padded to a multiple of N (not only S): a hybrid gradient shard (padded / S) then divides
       // into the N/S chunks of the replica group's ring all-reduce.
-      u.train = flat_group(train, N);
-      u.frozen = flat_group(frozen, N);
-      for (FlatGroup* g : {&u.train, &u.frozen}) {
-        g->shard = g->padded / group_size_;
-        if (g->empty()) continue;
-        at::Tensor shard = g->chunk(pos_).clone();
-        (g == &u.train ? u.train_shard : u.frozen_shard) = shard;
-        compat::storage_resize(g->full, 0);
+      u.groups.push_back(flat_group(train, N));
+      for (auto& [dtype, ts] : frozen) u.groups.push_back(flat_group(ts, N));
+      for (FlatGroup& g : u.groups) {
+        g.shard = g.padded / group_size_;
+        u.shards.push_back(g.empty() ? at::Tensor() : g.chunk(pos_).clone());
+        if (!g.empty()) compat::storage_resize(g.full, 0);
       }
-      if (!u.train.empty()) {
-        u.grad_shard = at::zeros({u.train.shard}, u.train_shard.options());
-        shard_params.push_back(shard_param(u.train_shard, u.grad_shard));
+      const FlatGroup& train_group = u.groups[0];
+      const at::Tensor& train_shard = u.shards[0];
+      if (!train_group.empty()) {
+        u.grad_shard = at::zeros({train_group.shard}, train_shard.options());
+        shard_params.push_back(shard_param(train_shard, u.grad_shard));
         grad_shards_.push_back(u.grad_shard);
       }
       units_.push_back(std::move(u));
     }
     adam_ = std::make_unique<AdamW>(shard_params, o.adamw, o.precision == ftplan::Precision::mixed);
     for (size_t ui = 0; ui < units_.size(); ++ui)
-      for (size_t ti = 0; ti < units_[ui].train.tensors.size(); ++ti)
-        hooks_.push_back(compat::add_post_accumulate_hook(*units_[ui].train.tensors[ti].slot, [this, ui] { on_grad(ui); }));
+      for (const auto& t : units_[ui].train().tensors)
+        hooks_.push_back(compat::add_post_accumulate_hook(*t.slot, [this, ui] { on_grad(ui); }));
   }
 
   int64_t data_parallel_size() const override { return comm_.world(); }
@@ -101,7 +108,7 @@ class Sharded final : public DistStrategy {
     at::NoGradGuard no_grad;
     if (!replica_group_.empty()) {  // hybrid: sum the shards' gradients across the replica groups
       for (auto& u : units_)
-        if (u.grad_shard.defined()) comm_.all_reduce_ring(u.grad_shard, shard_padding_bytes(u.train), replica_group_);
+        if (u.grad_shard.defined()) comm_.all_reduce_ring(u.grad_shard, shard_padding_bytes(u.train()), replica_group_);
     }
     // Squared norms summed over every rank count each shard once per replica group: divide.
     grad_norm_ = clip_grad_norm(grad_shards_, o_.max_grad_norm, &comm_, comm_.world() / group_size_);
@@ -112,8 +119,8 @@ class Sharded final : public DistStrategy {
   StateBytes state_bytes() const override {
     StateBytes s;
     for (const auto& u : units_) {
-      if (u.train_shard.defined()) s.weights += u.train_shard.nbytes();
-      if (u.frozen_shard.defined()) s.weights += u.frozen_shard.nbytes();
+      for (const auto& shard : u.shards)
+        if (shard.defined()) s.weights += shard.nbytes();
       if (u.grad_shard.defined()) s.gradients += u.grad_shard.nbytes();
     }
     s.optimizer = adam_->state_bytes();
@@ -123,7 +130,7 @@ class Sharded final : public DistStrategy {
   std::vector<std::pair<std::string, at::Tensor>> checkpoint_tensors() override {
     std::vector<std::pair<std::string, at::Tensor>> out;
     for (size_t u = 0; u < units_.size(); ++u)
-      if (units_[u].train_shard.defined()) out.emplace_back("param_shard." + std::to_string(u), units_[u].train_shard);
+      if (units_[u].shards[0].defined()) out.emplace_back("param_shard." + std::to_string(u), units_[u].shards[0]);
     for (auto& [k, t] : adam_->named_state()) out.emplace_back("optimizer." + k, t);
     return out;
   }
@@ -132,8 +139,10 @@ class Sharded final : public DistStrategy {
 
  private:
   struct Unit {
-    FlatGroup train, frozen;
-    at::Tensor train_shard, frozen_shard, grad_shard;  // this rank's, own storage
+    std::vector<FlatGroup> groups;   // [0] the trainable parameters, then the frozen ones by dtype
+    std::vector<at::Tensor> shards;  // this rank's chunk of each group, own storage (undefined: empty group)
+    at::Tensor grad_shard;           // this rank's gradient chunk of groups[0], own storage
+    const FlatGroup& train() const { return groups[0]; }
     at::Tensor grad_full;                              // [train.padded] during the unit's backward
     bool gathered = false;
     bool needs_backward = false;  // its output required grad in this micro-batch's forward
@@ -146,11 +155,12 @@ class Sharded final : public DistStrategy {
     Unit& u = units_[ui];
     if (u.gathered) return;
     at::NoGradGuard no_grad;
-    for (auto [g, shard] : {std::make_pair(&u.train, &u.train_shard), std::make_pair(&u.frozen, &u.frozen_shard)}) {
-      if (g->empty()) continue;
-      compat::storage_resize(g->full, size_t(g->padded) * g->full.element_size());
-      g->chunk(pos_).copy_(*shard);
-      comm_.all_gather(g->full, g->padding_bytes(), shard_group_);
+    for (size_t k = 0; k < u.groups.size(); ++k) {
+      FlatGroup& g = u.groups[k];
+      if (g.empty()) continue;
+      compat::storage_resize(g.full, size_t(g.padded) * g.full.element_size());
+      g.chunk(pos_).copy_(u.shards[k]);
+      comm_.all_gather(g.full, g.padding_bytes(), shard_group_);
     }
     u.gathered = true;
   }
@@ -158,8 +168,8 @@ class Sharded final : public DistStrategy {
   void release(size_t ui) {
     Unit& u = units_[ui];
     if (!u.gathered) return;
-    for (FlatGroup* g : {&u.train, &u.frozen})
-      if (!g->empty()) compat::storage_resize(g->full, 0);
+    for (FlatGroup& g : u.groups)
+      if (!g.empty()) compat::storage_resize(g.full, 0);
     u.gathered = false;
   }
 
@@ -204,10 +214,10 @@ class Sharded final : public DistStrategy {
     if (u.finished) return;
     gather(ui);
     if (ui > 0 && units_[ui - 1].needs_backward && !units_[ui - 1].finished) gather(ui - 1);  // prefetch
-    if (!u.train.empty() && !u.grad_full.defined()) {
+    if (!u.train().empty() && !u.grad_full.defined()) {
       at::NoGradGuard no_grad;
-      u.grad_full = at::zeros({u.train.padded}, u.train_shard.options());
-      bind_grads(u.train, u.grad_full);
+      u.grad_full = at::zeros({u.train().padded}, u.shards[0].options());
+      bind_grads(u.train(), u.grad_full);
     }
   }
 
@@ -223,23 +233,23 @@ class Sharded final : public DistStrategy {
 
   void maybe_finish(size_t ui) {
     const Unit& u = units_[ui];
-    if (!u.finished && u.input_done && u.ready == int64_t(u.train.tensors.size())) finish(ui);
+    if (!u.finished && u.input_done && u.ready == int64_t(u.train().tensors.size())) finish(ui);
   }
 
   void finish(size_t ui) {
     Unit& u = units_[ui];
     at::NoGradGuard no_grad;
-    if (!u.train.empty()) {
+    if (!u.train().empty()) {
       if (!u.grad_full.defined()) {  // no gradient reached this unit: reduce zeros (every rank must)
-        u.grad_full = at::zeros({u.train.padded}, u.train_shard.options());
+        u.grad_full = at::zeros({u.train().padded}, u.shards[0].options());
       }
-      comm_.reduce_scatter_sum(u.grad_full, u.train.padding_bytes(), shard_group_);
-      at::Tensor mine = u.grad_full.narrow(0, pos_ * u.train.shard, u.train.shard);
+      comm_.reduce_scatter_sum(u.grad_full, u.train().padding_bytes(), shard_group_);
+      at::Tensor mine = u.grad_full.narrow(0, pos_ * u.train().shard, u.train().shard);
       // The mean over all ranks (SUM, then divide); hybrid adds the other groups' sums at the step.
       mine.mul_(1.0 / comm_.world());
       if (first_micro_) u.grad_shard.copy_(mine);
       else u.grad_shard.add_(mine);
-      for (auto& t : u.train.tensors) t.slot->mutable_grad() = at::Tensor();
+      for (auto& t : u.train().tensors) t.slot->mutable_grad() = at::Tensor();
       u.grad_full = at::Tensor();
     }
     // FSDP reshards its root unit only once backward is over (PyTorch FSDP's root keeps its

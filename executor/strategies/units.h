@@ -22,8 +22,10 @@ struct UnitTensor {
 };
 
 // Units in forward order: 0 the embedding, 1..L the blocks (base weights and LoRA adapters), L+1
-// the head (final norm, and lm_head when untied).
-std::vector<std::vector<UnitTensor>> model_units(LlamaModel& model);
+// the head (final norm, and lm_head when untied). `with_nf4`: QLoRA's NF4 weights too, as their
+// three tensors (codes and absmax_q uint8, absmax_scale fp32; named as bitsandbytes names them:
+// .weight, .weight.absmax, .weight.nested_absmax), for the strategies that shard them.
+std::vector<std::vector<UnitTensor>> model_units(LlamaModel& model, bool with_nf4 = false);
 
 // A new leaf tensor over `owner`'s storage at element `offset` with `shape` (not an autograd view:
 // its own version counter, so refilling the storage never trips autograd's saved-tensor checks).

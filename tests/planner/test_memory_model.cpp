@@ -107,6 +107,13 @@ TEST_CASE("NF4 with double quantisation is 4.127 bits per parameter", "[memory]"
   // QLoRA paper sec. 3: 4 + 8/64 + 32/(64·256) = 4.127 bits.
   CHECK_THAT(ftplan::kNf4BitsPerParam, WithinRel(4.127, 1e-4));
   CHECK(ftplan::kNf4BytesPerParam == ftplan::kNf4BitsPerParam / 8);
+  // Tensor by tensor: exactly 4.127 bits for whole groups of 64 x 256 weights; a partial group
+  // still pays its fp32 scale, a partial block its absmax byte. By hand:
+  CHECK(ftplan::nf4_storage_bytes(32768) == 16384 + 512 + 2 * 4);
+  CHECK(double(ftplan::nf4_storage_bytes(32768)) == 32768 * ftplan::kNf4BytesPerParam);
+  CHECK(ftplan::nf4_storage_bytes(4096) == 2048 + 64 + 4);     // 64 blocks: one scale for < 256
+  CHECK(ftplan::nf4_storage_bytes(100) == 50 + 2 + 4);         // 2 blocks, the last partial
+  CHECK(ftplan::nf4_storage_bytes(4096L * 14336) == 4096L * 14336 / 2 + 4096L * 14336 / 64 + 3584 * 4);
 }
 
 TEST_CASE("ZeRO paper model-state memory, 7.5B parameters, K=12, 64 GPUs", "[memory]") {
