@@ -173,8 +173,8 @@ nlohmann::json run_rank(const ExecJob& job, const DistEnv& env, const DistOption
   const ftplan::Strategy strategy_kind = *s.strategy;
   if (!dist_strategy_supported(strategy_kind))
     ftplan::fail_input("strategy " + ftplan::to_string(strategy_kind) +
-                       ": not run by ftexec (ddp, zero1, zero2, zero3, fsdp, fsdp_shard_grad_op, fsdp_hybrid, mp, "
-                       "pipeline (GPipe), pipeline_1f1b)");
+                       ": not run by ftexec with several ranks (ddp, zero1, zero2, zero2_offload, zero3, zero3_offload, "
+                       "fsdp, fsdp_shard_grad_op, fsdp_hybrid, mp, pipeline (GPipe), pipeline_1f1b)");
   // CUDA: one GPU per local rank and NCCL; CPU: Gloo.
   const bool cuda = job.device.rfind("cuda", 0) == 0;
   // Ranks beyond the visible GPUs share them round robin (NCCL itself refuses two ranks of one
@@ -216,7 +216,7 @@ nlohmann::json run_rank(const ExecJob& job, const DistEnv& env, const DistOption
 
   const int64_t micro_batch = s.micro_batch_or(1);
   std::vector<double> losses, step_times, comm_times;
-  int64_t peak_bytes = 0, static_bytes = 0, dp = 1;
+  int64_t peak_bytes = 0, static_bytes = 0, dp = 1, host_bytes = 0, host_peak_bytes = 0;
   StateBytes parts;
   CommStats comm_stats;
   Position pos;
@@ -291,6 +291,8 @@ nlohmann::json run_rank(const ExecJob& job, const DistEnv& env, const DistOption
     const MemoryReading after = memory_read(device);
     static_bytes = after.current_bytes - baseline_bytes;
     peak_bytes = after.peak_bytes - baseline_bytes;
+    host_bytes = after.host_current_bytes;  // offloaded states (the host pool starts empty)
+    host_peak_bytes = after.host_peak_bytes;
     parts = strategy->state_bytes();
   } catch (const ftplan::InputError&) {
     throw;
@@ -329,11 +331,14 @@ nlohmann::json run_rank(const ExecJob& job, const DistEnv& env, const DistOption
       {"rank", rank},
       {"peak_memory_bytes", peak_bytes},
       {"static_bytes", static_bytes},
+      {"host_memory_bytes", host_bytes},
+      {"host_peak_memory_bytes", host_peak_bytes},
       {"components",
        {{"weights", parts.weights},
         {"gradients", parts.gradients},
         {"optimizer", parts.optimizer},
         {"buffers", parts.buffers},
+        {"host", parts.host},
         {"activations", std::max<int64_t>(0, peak_bytes - static_bytes)}}},
       {"comm_bytes", comm_json(comm_stats, steps_run, false)},
       {"comm_calls", comm_json(comm_stats, steps_run, true)},

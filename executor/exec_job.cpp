@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "executor/strategy.h"
 #include "planner/data_paths.h"
 #include "planner/errors.h"
 #include "planner/json_fields.h"
@@ -49,12 +50,10 @@ ExecJob make_exec_job(const ftplan::TrainingSetup& setup_in, const std::string& 
   {
     using S = ftplan::Strategy;
     const S st = *s.strategy;
-    if (!(st == S::single || st == S::ddp || st == S::zero1 || st == S::zero2 || st == S::zero3 || st == S::fsdp ||
-          st == S::fsdp_shard_grad_op || st == S::fsdp_hybrid || st == S::mp || st == S::pipeline_gpipe ||
-          st == S::pipeline_1f1b))
+    if (!(st == S::single || dist_strategy_supported(st)))
       problems.push_back("strategy " + ftplan::to_string(st) +
-                         ": not run by ftexec (single, ddp, zero1, zero2, zero3, fsdp, fsdp_shard_grad_op, fsdp_hybrid, "
-                         "mp, pipeline (GPipe), pipeline_1f1b)");
+                         ": not run by ftexec (single, ddp, zero1, zero2, zero2_offload, zero3, zero3_offload, fsdp, "
+                         "fsdp_shard_grad_op, fsdp_hybrid, mp, pipeline (GPipe), pipeline_1f1b)");
   }
   if (s.precision == ftplan::Precision::mixed_fp32_grads)
     problems.push_back("precision mixed_fp32_grads: not supported by ftexec (fp32, bf16, mixed)");

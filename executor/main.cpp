@@ -69,8 +69,8 @@ void setup_run(CLI::App& app, RunOptions& o) {
   run->add_option("--load-weights", o.load_weights, "HF safetensors: file, folder or model.safetensors.index.json");
   run->add_flag("--no-progress", o.no_progress, "no progress bar even on a terminal");
   run->add_option("--strategy", o.strategy,
-                  "single | ddp | zero1 | zero2 | zero3 | fsdp | fsdp_shard_grad_op | fsdp_hybrid | mp | pipeline (GPipe) | "
-                  "pipeline_1f1b");
+                  "single | ddp | zero1 | zero2 | zero2_offload | zero3 | zero3_offload | fsdp | fsdp_shard_grad_op | "
+                  "fsdp_hybrid | mp | pipeline (GPipe) | pipeline_1f1b");
   run->add_option("--nproc", o.nproc, "start N local ranks (Gloo on CPU); under torchrun/srun/mpirun leave it out");
   run->add_option("--timeout-s", o.dist.timeout_s, "collective and rendezvous timeout in seconds")->capture_default_str();
   run->add_option("--fault-inject", o.dist.fault_inject, "debug: RANK:STEP:kill|hang|exit|throw[,...]");

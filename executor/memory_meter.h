@@ -12,12 +12,29 @@
 namespace ftexec {
 
 struct MemoryReading {
-  int64_t current_bytes = 0;       // tensor bytes alive now (CUDA: allocated)
+  int64_t current_bytes = 0;       // tensor bytes alive now (CUDA: allocated), host memory apart
   int64_t peak_bytes = 0;          // since the last reset (CUDA: peak allocated)
   int64_t reserved_peak_bytes = 0; // CUDA: peak held by the caching allocator; CPU: = peak_bytes
   int64_t device_used_bytes = 0;   // CUDA: total - free now; CPU: 0
   int64_t device_total_bytes = 0;  // CUDA: device memory; CPU: 0
   int64_t alloc_retries = 0;       // CUDA: cudaMalloc retries (fragmentation)
+  int64_t host_current_bytes = 0;  // allocated under a HostMemoryScope (offloaded states), now
+  int64_t host_peak_bytes = 0;     // ... and the most since the last reset
+};
+
+// Allocations this thread makes on the CPU while a scope is alive are host memory: an offloading
+// strategy's optimizer states, gradients and parameter shards. On a CPU run device and host share
+// one allocator, so the scope is what keeps them apart; on CUDA the CPU tensors are host anyway.
+// Frees are attributed to the pool the bytes came from, whichever thread frees them.
+class HostMemoryScope {
+ public:
+  HostMemoryScope();
+  ~HostMemoryScope();
+  HostMemoryScope(const HostMemoryScope&) = delete;
+  HostMemoryScope& operator=(const HostMemoryScope&) = delete;
+
+ private:
+  bool outer_;
 };
 
 // Installs the counting CPU allocator (idempotent). Call before any tensor is made.

@@ -1,7 +1,7 @@
 // The distributed strategies ftexec runs, one class per concept (executor/strategies/):
-//   data_parallel.cpp  ddp, zero1, zero2: every rank holds all parameters
-//   sharded.cpp        zero3, fsdp, fsdp_shard_grad_op, fsdp_hybrid: each unit's parameters sharded
-//                      as one flat buffer
+//   data_parallel.cpp  ddp, zero1, zero2, zero2_offload: every rank holds all parameters
+//   sharded.cpp        zero3, fsdp, fsdp_shard_grad_op, fsdp_hybrid, zero3_offload: each unit's
+//                      parameters sharded as flat buffers
 //   pipeline.cpp       mp (naive model parallel), pipeline_gpipe, pipeline_1f1b
 //   common.cpp         the model's units, flat buffers, gradient clipping, the factory
 // A "unit" is what ZeRO-3/FSDP gather at once and what the planner sums its collectives over
@@ -48,6 +48,7 @@ struct StateBytes {
   int64_t gradients = 0;  // gradients kept between micro-batches (full, or the shard)
   int64_t optimizer = 0;  // AdamW moments (+ fp32 masters)
   int64_t buffers = 0;    // persistent communication buckets
+  int64_t host = 0;       // offloaded to host memory: shards, fp32 gradients, AdamW states
 };
 
 class DistStrategy {

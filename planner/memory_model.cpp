@@ -252,15 +252,19 @@ MemoryEstimate estimate_memory(const PreparedJob& job, const Candidate& c, int64
       w = w + w / N; g /= N; o /= N;
       temp += layer_g;
       break;
-    case Strategy::zero2_offload:  // optimizer and fp32 gradients on the host; two buckets in flight
-      host = (o + host_fp32_grads) / N;
+    case Strategy::zero2_offload:
+      // ZeRO-Offload: the reduced gradient shard goes to the host (fp32), where AdamW updates a copy
+      // of the weight shard; the GPU keeps the weights and the reduction bucket. (DeepSpeed's
+      // overlap_comm double-buffers that bucket: one more bucket, not counted.)
+      host = (job.trainable_params * trainable_param_bytes(setup.precision, setup.optimizer).weight + o +
+              host_fp32_grads) / N;
       o = 0; g = 0;
-      temp += 2 * bucket;
+      temp += bucket;
       break;
-    case Strategy::zero3_offload:  // parameters too: the GPU holds only gathered units
+    case Strategy::zero3_offload:  // parameters too: the GPU holds only gathered units (as zero3)
       host = (w + o + host_fp32_grads) / N;
       w = 0; g = 0; o = 0;
-      temp += largest_unit_w + layer_w + 2 * bucket;
+      temp += largest_unit_w + layer_w + layer_g;
       break;
     default: break;
   }

@@ -131,9 +131,9 @@ std::pair<at::Tensor, at::Tensor> micro_batch_tensors(const TokenBatch& b, const
 
 bool dist_strategy_supported(ftplan::Strategy s) {
   using S = ftplan::Strategy;
-  return s == S::ddp || s == S::zero1 || s == S::zero2 || s == S::zero3 || s == S::fsdp ||
-         s == S::fsdp_shard_grad_op || s == S::fsdp_hybrid || s == S::mp || s == S::pipeline_gpipe ||
-         s == S::pipeline_1f1b;
+  return s == S::ddp || s == S::zero1 || s == S::zero2 || s == S::zero2_offload || s == S::zero3 ||
+         s == S::zero3_offload || s == S::fsdp || s == S::fsdp_shard_grad_op || s == S::fsdp_hybrid ||
+         s == S::mp || s == S::pipeline_gpipe || s == S::pipeline_1f1b;
 }
 
 std::unique_ptr<DistStrategy> make_dist_strategy(LlamaModel& model, Comm& comm, const StrategyOptions& o) {
@@ -141,8 +141,10 @@ std::unique_ptr<DistStrategy> make_dist_strategy(LlamaModel& model, Comm& comm, 
   switch (o.strategy) {
     case S::ddp:
     case S::zero1:
-    case S::zero2: return strategies::make_data_parallel(model, comm, o);
+    case S::zero2:
+    case S::zero2_offload: return strategies::make_data_parallel(model, comm, o);
     case S::zero3:
+    case S::zero3_offload:
     case S::fsdp:
     case S::fsdp_shard_grad_op:
     case S::fsdp_hybrid: return strategies::make_sharded(model, comm, o);
@@ -151,8 +153,8 @@ std::unique_ptr<DistStrategy> make_dist_strategy(LlamaModel& model, Comm& comm, 
     case S::pipeline_1f1b: return strategies::make_pipeline(model, comm, o);
     default:
       ftplan::fail_input("strategy " + ftplan::to_string(o.strategy) +
-                         ": not run by ftexec (ddp, zero1, zero2, zero3, fsdp, fsdp_shard_grad_op, fsdp_hybrid, mp, "
-                         "pipeline (GPipe), pipeline_1f1b)");
+                         ": not run by ftexec with several ranks (ddp, zero1, zero2, zero2_offload, zero3, "
+                         "zero3_offload, fsdp, fsdp_shard_grad_op, fsdp_hybrid, mp, pipeline (GPipe), pipeline_1f1b)");
   }
 }
 

@@ -10,8 +10,15 @@
 //   zero2  as zero1, but each unit is reduce-scattered during every micro-batch's backward as soon as
 //          its gradients are complete, and only the shard is kept (full gradients are freed as they
 //          are copied into the bucket).
+//   zero2_offload  (ZeRO-Offload, Ren et al. 2021) as zero2, but the reduced gradient shard goes to
+//          the host at once (accumulated there in fp32), and AdamW runs on the host over an fp32
+//          copy of the shard (or bf16 with fp32 masters under mixed) and its moments; the updated
+//          shard is copied back into the device's flat buffer and all-gathered. The device keeps the
+//          weights and the one reduction bucket, nothing else between steps.
 #include <algorithm>
+#include <optional>
 
+#include "executor/memory_meter.h"
 #include "executor/strategies/units.h"
 #include "executor/torch_compat.h"
 #include "planner/errors.h"
@@ -179,7 +186,8 @@ class Ddp final : public DistStrategy {
 class Zero final : public DistStrategy {
  public:
   Zero(LlamaModel& m, Comm& comm, const StrategyOptions& o) : m_(m), comm_(comm), o_(o) {
-    stage2_ = o.strategy == ftplan::Strategy::zero2;
+    offload_ = o.strategy == ftplan::Strategy::zero2_offload;
+    stage2_ = o.strategy == ftplan::Strategy::zero2 || offload_;
     set_trainable(m, o.method);
     const int N = comm.world(), r = comm.rank();
     int64_t total = 0, largest = 0;
@@ -202,6 +210,16 @@ class Zero final : public DistStrategy {
     std::vector<at::Tensor> shard_params;
     for (auto& g : groups_) {
       at::Tensor shard_grad;
+      if (offload_) {
+        HostMemoryScope host;
+        const auto host_opts = opts.device(at::kCPU);
+        shard_grad = at::zeros({g.shard}, host_opts.dtype(at::kFloat));
+        host_shards_.push_back(at::empty({g.shard}, host_opts));
+        host_shards_.back().copy_(g.chunk(r));
+        shard_grads_.push_back(shard_grad);
+        shard_params.push_back(shard_param(host_shards_.back(), shard_grad));
+        continue;
+      }
       if (stage2_ || !holds_all_) {
         shard_grad = at::zeros({g.shard}, opts);
       } else {
@@ -213,7 +231,11 @@ class Zero final : public DistStrategy {
       shard_params.push_back(shard_param(g.chunk(r), shard_grad));
     }
     slot_offset_.assign(groups_.size(), -1);
-    adam_ = std::make_unique<AdamW>(shard_params, o.adamw, o.precision == ftplan::Precision::mixed);
+    {
+      std::optional<HostMemoryScope> host;
+      if (offload_) host.emplace();
+      adam_ = std::make_unique<AdamW>(shard_params, o.adamw, o.precision == ftplan::Precision::mixed);
+    }
     if (stage2_) {
       ready_.assign(groups_.size(), 0);
       for (size_t gi = 0; gi < groups_.size(); ++gi)
@@ -247,8 +269,13 @@ class Zero final : public DistStrategy {
     }
     {
       at::NoGradGuard no_grad;
-      grad_norm_ = clip_grad_norm(shard_grads_, o_.max_grad_norm, &comm_);
-      adam_->step();
+      {
+        std::optional<HostMemoryScope> host;
+        if (offload_) host.emplace();
+        grad_norm_ = clip_grad_norm(shard_grads_, o_.max_grad_norm, &comm_);
+        adam_->step();
+      }
+      for (size_t gi = 0; gi < host_shards_.size(); ++gi) groups_[gi].chunk(comm_.rank()).copy_(host_shards_[gi]);
       for (size_t gi = 0; gi < groups_.size(); ++gi) comm_.all_gather(groups_[gi].full, groups_[gi].padding_bytes());
       if (!stage2_) {
         for (auto& g : groups_)
@@ -265,16 +292,21 @@ class Zero final : public DistStrategy {
     for (const auto& g : groups_)
       for (const auto& t : g.tensors)
         if (t.slot->grad().defined()) s.gradients += t.slot->grad().nbytes();
+    s.buffers = bucket_.nbytes();
+    if (offload_) {
+      s.host = bytes_of(shard_grads_) + bytes_of(host_shards_) + adam_->state_bytes();
+      return s;
+    }
     if (stage2_ || !holds_all_) s.gradients += bytes_of(shard_grads_);
     s.optimizer = adam_->state_bytes();
-    s.buffers = bucket_.nbytes();
     return s;
   }
 
   std::vector<std::pair<std::string, at::Tensor>> checkpoint_tensors() override {
     std::vector<std::pair<std::string, at::Tensor>> out;
     for (size_t gi = 0; gi < groups_.size(); ++gi)
-      out.emplace_back("param_shard." + std::to_string(gi), groups_[gi].chunk(comm_.rank()));
+      out.emplace_back("param_shard." + std::to_string(gi),
+                       offload_ ? host_shards_[gi] : groups_[gi].chunk(comm_.rank()));
     for (auto& [k, t] : adam_->named_state()) out.emplace_back("optimizer." + k, t);
     return out;
   }
@@ -282,6 +314,7 @@ class Zero final : public DistStrategy {
   void set_optimizer_steps(int64_t s) override { adam_->set_step_count(s); }
   void after_load() override {
     at::NoGradGuard no_grad;
+    for (size_t gi = 0; gi < host_shards_.size(); ++gi) groups_[gi].chunk(comm_.rank()).copy_(host_shards_[gi]);
     for (auto& g : groups_) comm_.all_gather(g.full, g.padding_bytes());
   }
 
@@ -325,8 +358,14 @@ class Zero final : public DistStrategy {
     const int r = comm_.rank();
     s.narrow(0, r * g.shard, g.shard).mul_(1.0 / comm_.world());  // the mean over ranks (SUM, then divide)
     if (stage2_ || !holds_all_) {
-      if (first_micro_ || !stage2_) shard_grads_[gi].copy_(s.narrow(0, r * g.shard, g.shard));
-      else shard_grads_[gi].add_(s.narrow(0, r * g.shard, g.shard));
+      const at::Tensor mine = s.narrow(0, r * g.shard, g.shard);
+      if (first_micro_ || !stage2_) shard_grads_[gi].copy_(mine);
+      else if (offload_) {
+        HostMemoryScope host;  // the shard's copy on its way to the host
+        shard_grads_[gi].add_(mine.to(shard_grads_[gi].device(), at::kFloat));
+      } else {
+        shard_grads_[gi].add_(mine);
+      }
     }
     if (gi < ready_.size()) ready_[gi] = int64_t(g.tensors.size());
     slot_offset_[gi] = -1;
@@ -336,8 +375,10 @@ class Zero final : public DistStrategy {
   Comm& comm_;
   StrategyOptions o_;
   bool stage2_ = false;
+  bool offload_ = false;           // zero2_offload: shard gradients, shard copies and AdamW on the host
   std::vector<FlatGroup> groups_;  // per unit with trainable tensors, forward order
   std::vector<at::Tensor> shard_grads_;
+  std::vector<at::Tensor> host_shards_;  // zero2_offload: this rank's shard of each group, on the host
   std::unique_ptr<AdamW> adam_;
   at::Tensor bucket_;
   int64_t bucket_numel_ = 0;
@@ -353,7 +394,7 @@ class Zero final : public DistStrategy {
 
 std::unique_ptr<DistStrategy> make_data_parallel(LlamaModel& model, Comm& comm, const StrategyOptions& o) {
   if (o.strategy == ftplan::Strategy::ddp) return std::make_unique<Ddp>(model, comm, o);
-  return std::make_unique<Zero>(model, comm, o);
+  return std::make_unique<Zero>(model, comm, o);  // zero1, zero2, zero2_offload
 }
 
 }  // namespace ftexec::strategies

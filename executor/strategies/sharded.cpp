@@ -21,10 +21,16 @@
 //             shard in every group). PyTorch FSDP all-reduces after every micro-batch's backward
 //             unless no_sync is used; once per step is the same sum with G times fewer bytes, and
 //             is what the planner counts (planner/step_time.cpp).
+//   zero3_offload  (ZeRO-Infinity's offload_param + offload_optimizer) as zero3, but every shard
+//             lives on the host: a gather copies this rank's shard up before the all-gather, the
+//             reduced gradient shard goes down at once (accumulated there in fp32), and AdamW runs
+//             on the host. Between steps the device holds nothing of the model.
 // Freeing resizes the storage to 0 bytes (compat::storage_resize), as FSDP does, so the tensors
 // autograd saved keep their identity and see the refilled bytes in backward.
 #include <map>
+#include <optional>
 
+#include "executor/memory_meter.h"
 #include "executor/strategies/units.h"
 #include "executor/torch_compat.h"
 #include "planner/errors.h"
@@ -38,6 +44,7 @@ class Sharded final : public DistStrategy {
     using S = ftplan::Strategy;
     keep_root_ = o.strategy == S::fsdp || o.strategy == S::fsdp_hybrid;
     keep_all_ = o.strategy == S::fsdp_shard_grad_op;
+    offload_ = o.strategy == S::zero3_offload;
     const int N = comm.world(), r = comm.rank();
     // Shard group: consecutive ranks [g·S, (g+1)·S); replica group: the ranks at the same position.
     int64_t S_size = N;
@@ -69,21 +76,33 @@ class Sharded final : public DistStrategy {
       // into the N/S chunks of the replica group's ring all-reduce.
       u.groups.push_back(flat_group(train, N));
       for (auto& [dtype, ts] : frozen) u.groups.push_back(flat_group(ts, N));
+      std::optional<HostMemoryScope> host;
+      if (offload_) host.emplace();
       for (FlatGroup& g : u.groups) {
         g.shard = g.padded / group_size_;
-        u.shards.push_back(g.empty() ? at::Tensor() : g.chunk(pos_).clone());
-        if (!g.empty()) compat::storage_resize(g.full, 0);
+        at::Tensor shard;
+        if (!g.empty()) {
+          shard = at::empty({g.shard}, g.full.options().device(offload_ ? at::Device(at::kCPU) : g.full.device()));
+          shard.copy_(g.chunk(pos_));
+          compat::storage_resize(g.full, 0);
+        }
+        u.shards.push_back(shard);
       }
       const FlatGroup& train_group = u.groups[0];
       const at::Tensor& train_shard = u.shards[0];
       if (!train_group.empty()) {
-        u.grad_shard = at::zeros({train_group.shard}, train_shard.options());
+        // Offloaded: the gradient shard accumulates in fp32 on the host (DeepSpeed's CPU Adam reads fp32).
+        u.grad_shard = at::zeros({train_group.shard}, train_shard.options().dtype(offload_ ? at::kFloat : train_shard.scalar_type()));
         shard_params.push_back(shard_param(train_shard, u.grad_shard));
         grad_shards_.push_back(u.grad_shard);
       }
       units_.push_back(std::move(u));
     }
-    adam_ = std::make_unique<AdamW>(shard_params, o.adamw, o.precision == ftplan::Precision::mixed);
+    {
+      std::optional<HostMemoryScope> host;
+      if (offload_) host.emplace();
+      adam_ = std::make_unique<AdamW>(shard_params, o.adamw, o.precision == ftplan::Precision::mixed);
+    }
     for (size_t ui = 0; ui < units_.size(); ++ui)
       for (const auto& t : units_[ui].train().tensors)
         hooks_.push_back(compat::add_post_accumulate_hook(*t.slot, [this, ui] { on_grad(ui); }));
@@ -111,6 +130,8 @@ class Sharded final : public DistStrategy {
         if (u.grad_shard.defined()) comm_.all_reduce_ring(u.grad_shard, shard_padding_bytes(u.train()), replica_group_);
     }
     // Squared norms summed over every rank count each shard once per replica group: divide.
+    std::optional<HostMemoryScope> host;
+    if (offload_) host.emplace();
     grad_norm_ = clip_grad_norm(grad_shards_, o_.max_grad_norm, &comm_, comm_.world() / group_size_);
     adam_->step();
     return comm_.all_reduce_scalar(loss_sum / double(G)) / comm_.world();
@@ -124,6 +145,10 @@ class Sharded final : public DistStrategy {
       if (u.grad_shard.defined()) s.gradients += u.grad_shard.nbytes();
     }
     s.optimizer = adam_->state_bytes();
+    if (offload_) {
+      s.host = s.weights + s.gradients + s.optimizer;
+      s.weights = s.gradients = s.optimizer = 0;
+    }
     return s;
   }
 
@@ -216,7 +241,7 @@ class Sharded final : public DistStrategy {
     if (ui > 0 && units_[ui - 1].needs_backward && !units_[ui - 1].finished) gather(ui - 1);  // prefetch
     if (!u.train().empty() && !u.grad_full.defined()) {
       at::NoGradGuard no_grad;
-      u.grad_full = at::zeros({u.train().padded}, u.shards[0].options());
+      u.grad_full = at::zeros({u.train().padded}, u.train().full.options());
       bind_grads(u.train(), u.grad_full);
     }
   }
@@ -241,14 +266,19 @@ class Sharded final : public DistStrategy {
     at::NoGradGuard no_grad;
     if (!u.train().empty()) {
       if (!u.grad_full.defined()) {  // no gradient reached this unit: reduce zeros (every rank must)
-        u.grad_full = at::zeros({u.train().padded}, u.shards[0].options());
+        u.grad_full = at::zeros({u.train().padded}, u.train().full.options());
       }
       comm_.reduce_scatter_sum(u.grad_full, u.train().padding_bytes(), shard_group_);
       at::Tensor mine = u.grad_full.narrow(0, pos_ * u.train().shard, u.train().shard);
       // The mean over all ranks (SUM, then divide); hybrid adds the other groups' sums at the step.
       mine.mul_(1.0 / comm_.world());
-      if (first_micro_) u.grad_shard.copy_(mine);
-      else u.grad_shard.add_(mine);
+      if (first_micro_) {
+        u.grad_shard.copy_(mine);
+      } else {
+        std::optional<HostMemoryScope> host;  // (offloaded: the shard's copy on its way to the host)
+        if (offload_) host.emplace();
+        u.grad_shard.add_(mine.to(u.grad_shard.device(), u.grad_shard.scalar_type()));
+      }
       for (auto& t : u.train().tensors) t.slot->mutable_grad() = at::Tensor();
       u.grad_full = at::Tensor();
     }
@@ -263,6 +293,7 @@ class Sharded final : public DistStrategy {
   StrategyOptions o_;
   bool keep_root_ = false;  // fsdp, fsdp_hybrid: the last unit stays gathered through backward
   bool keep_all_ = false;   // fsdp_shard_grad_op: every unit stays gathered until its backward ends
+  bool offload_ = false;    // zero3_offload: shards, gradient shards and AdamW on the host
   int group_size_ = 1;      // S: ranks sharding one replica (N but for hybrid)
   int pos_ = 0;             // this rank's position in its shard group: the chunk it owns
   RankGroup shard_group_;   // empty: the world

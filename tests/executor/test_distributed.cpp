@@ -90,6 +90,11 @@ TEST_CASE("every strategy reproduces the single-process loss trajectory", "[dist
       {"fsdp_shard_grad_op", 4, 1, ""},
       {"fsdp_hybrid", 4, 2, "--shard-group-size 2"},  // 2 replica groups of 2 shards
       {"fsdp_hybrid", 4, 1, "--gpu cpu"},             // hwdb/cpu.json: 4 per node, one group
+      {"zero2_offload", 2, 2, ""},
+      {"zero2_offload", 4, 1, ""},
+      {"zero3_offload", 2, 2, ""},
+      {"zero3_offload", 4, 1, "--checkpointing full"},
+      {"zero3_offload", 1, 2, ""},  // one GPU: what the planner recommends when nothing else fits
       {"mp", 2, 2, ""},
       {"pipeline", 2, 3, ""},
       {"pipeline_1f1b", 2, 3, ""},
@@ -107,6 +112,8 @@ TEST_CASE("every strategy reproduces the single-process loss trajectory", "[dist
       {"fsdp", 4, 1, "--method qlora --lora-rank 4 --lora-targets all-linear"},
       {"fsdp_shard_grad_op", 2, 1, "--method qlora --lora-rank 4 --lora-targets all-linear"},
       {"fsdp_hybrid", 4, 1, "--shard-group-size 2 --method qlora --lora-rank 4 --lora-targets all-linear"},
+      {"zero2_offload", 2, 1, "--method lora --lora-rank 4 --lora-targets all-linear"},
+      {"zero3_offload", 2, 1, "--method qlora --lora-rank 4 --lora-targets all-linear"},
   }));
   CAPTURE(strategy, nproc, accum, extra);
   const bool pipelined = strategy == "mp" || strategy == "pipeline" || strategy == "pipeline_1f1b";
@@ -186,6 +193,59 @@ TEST_CASE("FSDP shard-grad-op and hybrid: per-rank memory within 10% of the plan
   }
 }
 
+TEST_CASE("offload: the device keeps what the planner says, the host the rest, to the byte", "[dist][memory][offload]") {
+  // zero2_offload keeps the weights and the bucket on the device; zero3_offload only gathered units.
+  // The host pool (executor/memory_meter.h) holds per trainable parameter and rank an fp32 copy of
+  // the weight shard (4 B), the moments (8 B) and the fp32 gradient shard (4 B); zero3_offload's
+  // frozen shards too.
+  const auto [strategy, nproc, accum, method] = GENERATE(table<std::string, int, int, std::string>({
+      {"zero2_offload", 2, 2, "full"}, {"zero2_offload", 4, 1, "full"}, {"zero3_offload", 2, 2, "full"},
+      {"zero3_offload", 1, 2, "full"}, {"zero3_offload", 2, 1, "qlora"}}));
+  CAPTURE(strategy, nproc, accum, method);
+  const auto model = ftexec_test::tiny_spec();
+  const auto hw = ftplan::load_hardware("cpu");
+  auto setup = tiny_setup(32, 2, accum, nproc);
+  std::string flags;
+  if (method == "qlora") {
+    setup.method = ftplan::Method::qlora;
+    setup.lora.rank = 4;
+    setup.lora.targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+    flags = " --method qlora --lora-rank 4 --lora-targets all-linear";
+  }
+  const std::string lr = method == "full" ? "" : " --lr 3e-3";
+  const auto m = measured(tiny_job(32, 2, accum, method == "full" ? 3 : 4) + lr + flags + " --strategy " + strategy +
+                          " --nproc " + std::to_string(nproc));
+  const auto est = ftplan::estimate_memory(model, hw, setup, candidate_of(ftplan::parse_strategy(strategy, "test"), 2));
+  const std::string sibling = strategy == "zero2_offload" ? "zero2" : "zero3";
+  const double sibling_peak =
+      nproc < 2 ? 0.0
+                : measured(tiny_job(32, 2, accum, method == "full" ? 3 : 4) + lr + flags + " --strategy " + sibling +
+                           " --nproc " + std::to_string(nproc))["ranks"][0]["peak_memory_bytes"].get<double>();
+  for (const auto& rank : m["ranks"]) {
+    const double peak = rank["peak_memory_bytes"].get<double>();
+    const auto& c = rank["components"];
+    CAPTURE(peak, est.per_gpu.total, est.per_gpu.weights, est.per_gpu.temporary, est.per_gpu.host, c.dump(),
+            rank["host_memory_bytes"]);
+    CHECK_THAT(peak, Catch::Matchers::WithinRel(double(est.per_gpu.total), 0.10));
+    CHECK(c["gradients"] == 0);
+    CHECK(c["optimizer"] == 0);
+    CHECK(c["weights"].get<int64_t>() == est.per_gpu.weights);  // zero3_offload: 0
+    // The host: the strategy's tensors, the meter's pool between steps, and the planner agree
+    // (up to the padding of QLoRA's fp32 scales: < N floats per block).
+    const int64_t host = c["host"].get<int64_t>();
+    CHECK(rank["host_memory_bytes"].get<int64_t>() == host);
+    CHECK(host >= est.per_gpu.host);
+    CHECK(host - est.per_gpu.host <= (method == "qlora" ? 4 * nproc * model.num_layers : 0));
+    CHECK(rank["host_peak_memory_bytes"].get<int64_t>() >= host);  // + AdamW's temporaries
+    // Offloading frees device memory: less than the same strategy's states on the device.
+    if (nproc >= 2) CHECK(peak < sibling_peak);
+    std::cout << "[dist][offload] " << strategy << " " << method << " x" << nproc << " rank " << rank["rank"]
+              << ": device peak " << peak << " B, predicted " << est.per_gpu.total << " B ("
+              << 100.0 * (peak - est.per_gpu.total) / est.per_gpu.total << " %); host " << host << " B, predicted "
+              << est.per_gpu.host << " B; " << sibling << " on the device: " << sibling_peak << " B\n";
+  }
+}
+
 TEST_CASE("QLoRA under every data-parallel strategy: bytes equal the planner's, memory within 10%", "[dist][qlora]") {
   // ddp, zero1, zero2 replicate the NF4 weights and reduce only the adapters; zero3 and fsdp* shard
   // the NF4 codes and absmaxes with the other frozen tensors and all-gather them per unit, but for
@@ -243,7 +303,8 @@ TEST_CASE("measured bytes per collective equal the planner's communication volum
       {"ddp", 2, 1, 0}, {"ddp", 4, 2, 0}, {"zero1", 4, 2, 0}, {"zero2", 2, 2, 0}, {"zero2", 4, 1, 0},
       {"zero3", 2, 2, 0}, {"zero3", 4, 1, 0}, {"fsdp", 4, 1, 0}, {"fsdp", 2, 2, 0},
       {"fsdp_shard_grad_op", 2, 2, 0}, {"fsdp_shard_grad_op", 4, 1, 0},
-      {"fsdp_hybrid", 4, 1, 2}, {"fsdp_hybrid", 4, 2, 2}, {"fsdp_hybrid", 4, 1, 4}}));
+      {"fsdp_hybrid", 4, 1, 2}, {"fsdp_hybrid", 4, 2, 2}, {"fsdp_hybrid", 4, 1, 4},
+      {"zero2_offload", 2, 2, 0}, {"zero3_offload", 4, 1, 0}}));
   CAPTURE(strategy, nproc, accum, group);
   const auto model = ftexec_test::tiny_spec();
   auto hw = ftplan::load_hardware("cpu");
@@ -360,7 +421,8 @@ TEST_CASE("a rank that dies or hangs ends the run with an error naming it", "[di
 }
 
 TEST_CASE("a run stopped after a checkpoint resumes with the identical loss", "[dist][checkpoint]") {
-  const auto [strategy, nproc] = GENERATE(table<std::string, int>({{"ddp", 2}, {"zero2", 2}, {"zero3", 4}, {"pipeline", 2}}));
+  const auto [strategy, nproc] = GENERATE(table<std::string, int>(
+      {{"ddp", 2}, {"zero2", 2}, {"zero3", 4}, {"pipeline", 2}, {"zero2_offload", 2}, {"zero3_offload", 2}}));
   CAPTURE(strategy, nproc);
   ScratchDir dir("dist_ckpt_" + strategy);
   const std::string job = tiny_job(32, 2, 2, 6) + " --lr 3e-3 --strategy " + strategy + " --nproc " + std::to_string(nproc);
