@@ -111,7 +111,7 @@ class GlooComm final : public Comm {
   void all_reduce_sum_async(const at::Tensor& t, double padding) override {
     Timer timer(this);
     begin(CommOp::all_reduce);
-    count(CommOp::all_reduce, reduce_bytes(t), padding);
+    count(CommOp::all_reduce, gloo_reduce_bytes(t), padding);
     Pending p;
     p.target = t;
     p.buffer = needs_fp32(t) ? t.to(at::kFloat) : t;
@@ -134,7 +134,7 @@ class GlooComm final : public Comm {
     const Ring ring = ring_of(group);
     check_flat(flat_in, "reduce_scatter_sum", ring.n);
     begin(CommOp::reduce_scatter);
-    count(CommOp::reduce_scatter, reduce_bytes(flat_in), padding, ring.n);
+    count(CommOp::reduce_scatter, double(flat_in.nbytes()), padding, ring.n);
     ring_reduce_scatter(flat_in, ring);
   }
 
@@ -152,14 +152,10 @@ class GlooComm final : public Comm {
     const Ring ring = ring_of(group);
     check_flat(flat_in, "all_reduce_ring", ring.n);
     begin(CommOp::all_reduce);
-    count(CommOp::all_reduce, reduce_bytes(flat_in), padding, ring.n);
+    count(CommOp::all_reduce, double(flat_in.nbytes()), padding, ring.n);
     if (ring.n == 1) return;
-    at::NoGradGuard no_grad;
-    // Reduce in fp32 (Gloo rejects bf16 sums), then gather the summed chunks.
-    at::Tensor flat = needs_fp32(flat_in) ? flat_in.to(at::kFloat) : alias(flat_in);
-    ring_reduce_scatter(flat, ring);
-    ring_all_gather(flat, ring);
-    if (!flat.is_same(flat_in)) alias(flat_in).copy_(flat);
+    ring_reduce_scatter(flat_in, ring);  // (bf16: summed in fp32, sent in bf16)
+    ring_all_gather(flat_in, ring);
   }
 
   void broadcast(const at::Tensor& t, int root) override {
@@ -288,19 +284,25 @@ class GlooComm final : public Comm {
     const int N = g.n, r = g.pos;
     if (N == 1) return;
     at::NoGradGuard no_grad;
-    at::Tensor flat = needs_fp32(flat_in) ? flat_in.to(at::kFloat) : alias(flat_in);
-    const int64_t n = flat.numel() / N;
-    at::Tensor scratch = at::empty({n}, flat.options());
+    // Chunks travel in the tensor's dtype (bf16: half of fp32's bytes, as NCCL sends them). Gloo
+    // has no bf16 sum, so a bf16 tensor is summed in an fp32 copy and each partial sum is rounded
+    // to bf16 as it is sent, as NCCL's ring rounds it at every hop.
+    const bool widen = needs_fp32(flat_in);
+    const at::Tensor wire = alias(flat_in);
+    const at::Tensor acc = widen ? flat_in.to(at::kFloat) : wire;
+    const int64_t n = wire.numel() / N;
+    at::Tensor scratch = at::empty({n}, wire.options());
     for (int s = 0; s < N - 1; ++s) {
       const int send_idx = ((r - s - 1) % N + N) % N, recv_idx = ((r - s - 2) % N + N) % N;
-      std::vector<at::Tensor> out{flat.narrow(0, send_idx * n, n)}, in{scratch};
+      const at::Tensor partial = acc.narrow(0, send_idx * n, n);
+      std::vector<at::Tensor> out{widen ? partial.to(wire.scalar_type()) : partial}, in{scratch};
       auto ws = guarded("reduce_scatter", [&] { return pg_->send(out, g.next, kRingTag); });
       auto wr = guarded("reduce_scatter", [&] { return pg_->recv(in, g.prev, kRingTag); });
       wait(wr, "reduce_scatter", g.prev);
       wait(ws, "reduce_scatter", g.next);
-      flat.narrow(0, recv_idx * n, n).add_(scratch);
+      acc.narrow(0, recv_idx * n, n).add_(widen ? scratch.to(at::kFloat) : scratch);
     }
-    if (!flat.is_same(flat_in)) alias(flat_in).narrow(0, r * n, n).copy_(flat.narrow(0, r * n, n));
+    if (widen) wire.narrow(0, r * n, n).copy_(acc.narrow(0, r * n, n));
   }
 
   // N-1 steps straight into the chunks of the flat output; chunk `pos` must be filled.
@@ -322,7 +324,8 @@ class GlooComm final : public Comm {
   static bool needs_fp32(const at::Tensor& t) {
     return t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf;
   }
-  static double reduce_bytes(const at::Tensor& t) { return double(t.numel()) * (needs_fp32(t) ? 4 : t.element_size()); }
+  // Gloo's own all-reduce (DDP's buckets) moves bf16/fp16 as fp32: twice the bytes.
+  static double gloo_reduce_bytes(const at::Tensor& t) { return double(t.numel()) * (needs_fp32(t) ? 4 : t.element_size()); }
 
   // A tensor over the same bytes with its own version counter (c10d writes without autograd).
   static at::Tensor alias(const at::Tensor& t) {

@@ -2,9 +2,12 @@
 // c10d process group (Gloo on CPU; NCCL where LibTorch has CUDA), with every byte counted.
 //
 //   all_reduce_sum      Gloo's allreduce, in place; bf16/fp16 are reduced in an fp32 copy (Gloo
-//                       rejects bf16 reductions; ReduceOp::AVG kills the process: SUM, then divide).
+//                       rejects bf16 reductions; ReduceOp::AVG kills the process: SUM, then divide),
+//                       so DDP's buckets under mixed precision move, and count, twice the bf16 bytes.
 //   reduce_scatter_sum  a ring over send/recv, in place: N-1 steps, each rank sends one chunk (M/N)
 //                       to the next rank and adds the chunk it receives; chunk `rank` ends up summed.
+//                       bf16/fp16 chunks travel in their dtype and are added in fp32 (as NCCL's
+//                       ring: rounded at every hop), so the bytes are the planner's under mixed.
 //   all_gather          a ring over send/recv straight into the chunks of the flat output.
 //   all_reduce_ring     reduce-scatter then all-gather rings (2(N-1)/N·M) over a rank group: FSDP
 //                       hybrid's all-reduce of gradient shards across the replica groups.

@@ -86,6 +86,10 @@ nlohmann::json compare_json(const nlohmann::json& plan, const nlohmann::json& me
       notes.push_back("per rank: the prediction is the planner's most loaded rank (all ranks alike under data "
                       "parallelism; the busiest stage of a pipeline)");
     }
+    // Offload: the host memory each rank's states take (ftexec's host pool, between steps).
+    const double host = max_over_ranks(ranks, "host_memory_bytes");
+    if (has_number(p, "host_memory_per_gpu_bytes") && p["host_memory_per_gpu_bytes"].get<double>() > 0 && !std::isnan(host))
+      add_row(rows, "host memory per rank (offload)", "bytes", p["host_memory_per_gpu_bytes"].get<double>(), host);
     if (pred("overhead") > 0)
       notes.push_back("the predicted total includes " + format_bytes(pred("overhead")) +
                       " framework overhead, which the measured peak holds only on CUDA (device memory in use)");

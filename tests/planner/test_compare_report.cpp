@@ -95,3 +95,16 @@ TEST_CASE("compare shows every rank beside the prediction and the bytes by colle
   CHECK(row(c, "  activations + loss + temporary")["measured"] == 7500.0);  // buffers count as temporary
   CHECK_THAT(c["notes"].dump(), Contains("reduce_scatter 30") && Contains("all_gather 25"));
 }
+
+TEST_CASE("compare shows the offloaded host memory beside the planner's", "[compare]") {
+  auto plan = sample_plan();
+  auto measured = sample_measured();
+  measured["ranks"][0]["host_memory_bytes"] = 4200;
+  // No host term in the plan (nothing offloaded): no row.
+  for (const auto& r : ftplan::compare_json(plan, measured)["rows"]) CHECK(r["figure"] != "host memory per rank (offload)");
+  plan["predicted"]["host_memory_per_gpu_bytes"] = 4000;
+  measured["ranks"].push_back({{"rank", 1}, {"peak_memory_bytes", 9000}, {"host_memory_bytes", 4400}});
+  const auto c = ftplan::compare_json(plan, measured);
+  CHECK(row(c, "host memory per rank (offload)")["measured"] == 4400.0);  // the most loaded rank
+  CHECK_THAT(row(c, "host memory per rank (offload)")["error_pct"].get<double>(), WithinAbs(10.0, 1e-9));
+}
