@@ -193,9 +193,15 @@ TEST_CASE("run_job writes the measured figures and rejects what it cannot run", 
     CHECK(m["torch_version"].get<std::string>().rfind("1.", 0) == 0);
     CHECK(m["mfu"].is_number());
   }
-  SECTION("a strategy ftexec does not run is bad input naming it") {
+  SECTION("a precision or optimizer ftexec does not run is bad input naming it") {
+    // (Every strategy the planner names runs: zero3_offload is a distributed strategy, below.)
     setup.strategy = ftplan::Strategy::zero3_offload;
-    CHECK_THROWS_WITH(make_exec_job(setup, "cpu"), Contains("strategy zero3_offload"));
+    CHECK_NOTHROW(make_exec_job(setup, "cpu"));
+    setup.precision = ftplan::Precision::mixed_fp32_grads;
+    CHECK_THROWS_WITH(make_exec_job(setup, "cpu"), Contains("precision mixed_fp32_grads"));
+    setup.precision = ftplan::Precision::fp32;
+    setup.paged_optimizer = true;
+    CHECK_THROWS_WITH(make_exec_job(setup, "cpu"), Contains("paged_optimizer"));
   }
   SECTION("the single-device path sends a distributed strategy to the ranks") {
     setup.strategy = ftplan::Strategy::zero3;
