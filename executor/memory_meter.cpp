@@ -87,7 +87,9 @@ void cpu_meter_install() {
 
 void cpu_meter_set_limit(int64_t bytes) { g_limit.store(bytes); }
 
-HostMemoryScope::HostMemoryScope() : outer_(!t_host) { t_host = true; }
+HostMemoryScope::HostMemoryScope(bool active) : outer_(active && !t_host) {
+  if (outer_) t_host = true;
+}
 HostMemoryScope::~HostMemoryScope() {
   if (outer_) t_host = false;
 }

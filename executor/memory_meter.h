@@ -28,7 +28,7 @@ struct MemoryReading {
 // Frees are attributed to the pool the bytes came from, whichever thread frees them.
 class HostMemoryScope {
  public:
-  HostMemoryScope();
+  explicit HostMemoryScope(bool active = true);  // inactive: counts nothing apart (not offloading)
   ~HostMemoryScope();
   HostMemoryScope(const HostMemoryScope&) = delete;
   HostMemoryScope& operator=(const HostMemoryScope&) = delete;

@@ -16,7 +16,6 @@
 //          shard is copied back into the device's flat buffer and all-gathered. The device keeps the
 //          weights and the one reduction bucket, nothing else between steps.
 #include <algorithm>
-#include <optional>
 
 #include "executor/memory_meter.h"
 #include "executor/strategies/units.h"
@@ -232,8 +231,7 @@ class Zero final : public DistStrategy {
     }
     slot_offset_.assign(groups_.size(), -1);
     {
-      std::optional<HostMemoryScope> host;
-      if (offload_) host.emplace();
+      HostMemoryScope host(offload_);
       adam_ = std::make_unique<AdamW>(shard_params, o.adamw, o.precision == ftplan::Precision::mixed);
     }
     if (stage2_) {
@@ -270,8 +268,7 @@ class Zero final : public DistStrategy {
     {
       at::NoGradGuard no_grad;
       {
-        std::optional<HostMemoryScope> host;
-        if (offload_) host.emplace();
+        HostMemoryScope host(offload_);
         grad_norm_ = clip_grad_norm(shard_grads_, o_.max_grad_norm, &comm_);
         adam_->step();
       }

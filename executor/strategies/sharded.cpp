@@ -28,7 +28,6 @@
 // Freeing resizes the storage to 0 bytes (compat::storage_resize), as FSDP does, so the tensors
 // autograd saved keep their identity and see the refilled bytes in backward.
 #include <map>
-#include <optional>
 
 #include "executor/memory_meter.h"
 #include "executor/strategies/units.h"
@@ -76,8 +75,7 @@ class Sharded final : public DistStrategy {
       // into the N/S chunks of the replica group's ring all-reduce.
       u.groups.push_back(flat_group(train, N));
       for (auto& [dtype, ts] : frozen) u.groups.push_back(flat_group(ts, N));
-      std::optional<HostMemoryScope> host;
-      if (offload_) host.emplace();
+      HostMemoryScope host(offload_);
       for (FlatGroup& g : u.groups) {
         g.shard = g.padded / group_size_;
         at::Tensor shard;
@@ -99,8 +97,7 @@ class Sharded final : public DistStrategy {
       units_.push_back(std::move(u));
     }
     {
-      std::optional<HostMemoryScope> host;
-      if (offload_) host.emplace();
+      HostMemoryScope host(offload_);
       adam_ = std::make_unique<AdamW>(shard_params, o.adamw, o.precision == ftplan::Precision::mixed);
     }
     for (size_t ui = 0; ui < units_.size(); ++ui)
@@ -130,8 +127,7 @@ class Sharded final : public DistStrategy {
         if (u.grad_shard.defined()) comm_.all_reduce_ring(u.grad_shard, shard_padding_bytes(u.train()), replica_group_);
     }
     // Squared norms summed over every rank count each shard once per replica group: divide.
-    std::optional<HostMemoryScope> host;
-    if (offload_) host.emplace();
+    HostMemoryScope host(offload_);
     grad_norm_ = clip_grad_norm(grad_shards_, o_.max_grad_norm, &comm_, comm_.world() / group_size_);
     adam_->step();
     return comm_.all_reduce_scalar(loss_sum / double(G)) / comm_.world();
@@ -275,8 +271,7 @@ class Sharded final : public DistStrategy {
       if (first_micro_) {
         u.grad_shard.copy_(mine);
       } else {
-        std::optional<HostMemoryScope> host;  // (offloaded: the shard's copy on its way to the host)
-        if (offload_) host.emplace();
+        HostMemoryScope host(offload_);  // (offloaded: the shard's copy on its way to the host)
         u.grad_shard.add_(mine.to(u.grad_shard.device(), u.grad_shard.scalar_type()));
       }
       for (auto& t : u.train().tensors) t.slot->mutable_grad() = at::Tensor();
