@@ -10,9 +10,9 @@ int run_compare(const CompareOptions& o) {
   const nlohmann::json plan = read_json_file(o.plan);
   const nlohmann::json measured = read_json_file(o.measured);
   if (o.json)
-    std::cout << compare_json(plan, measured).dump(2) << "\n";
+    std::cout << compare_json(plan, measured, o.force).dump(2) << "\n";
   else
-    std::cout << compare_report(plan, measured);
+    std::cout << compare_report(plan, measured, o.force);
   return 0;
 }
 

@@ -7,6 +7,7 @@
 #include "planner/errors.h"
 #include "planner/format.h"
 #include "planner/json_fields.h"
+#include "planner/output_file.h"
 #include "planner/plan_report.h"
 #include "simulator/chrome_trace.h"
 #include "simulator/plan_inputs.h"
@@ -57,6 +58,7 @@ void rerank_with_simulator(const LoadedJob& job, PlanResult& plan) {
 }
 
 int run_simulate(const SimulateOptions& o) {
+  if (!o.trace.empty()) check_output_path(o.trace, "--trace");
   const LoadedJob job = load_job(o.job);
   const Candidate candidate = chosen_candidate(job);
   const PlanContext ctx = prepare_plan(job.model, job.hardware, job.setup, job.setup.num_gpus);
@@ -64,7 +66,7 @@ int run_simulate(const SimulateOptions& o) {
   const sim::StepSimulation s = sim::simulate_step(inputs);
   const StepEstimate closed = estimate_step(ctx, candidate);
   const MemoryEstimate memory = estimate_memory(ctx.memory, candidate, ctx.num_gpus);
-  if (!o.trace.empty()) sim::chrome_trace_write(o.trace, s.graph, s.schedule);
+  if (!o.trace.empty()) write_output(o.trace, sim::chrome_trace_json(s.graph, s.schedule).dump(), "--trace");
 
   nlohmann::json summary = sim::simulation_summary_json(inputs, s);
   summary["candidate"] = {{"strategy", to_string(candidate.strategy)},
@@ -85,6 +87,7 @@ int run_simulate(const SimulateOptions& o) {
   out << job.model.name << ", " << to_string(candidate.strategy) << " on " << ctx.num_gpus << "x " << job.hardware.id
       << ", micro-batch " << candidate.micro_batch << ", grad-accum " << job.setup.grad_accum << ", checkpointing "
       << to_string(candidate.checkpointing) << "\n";
+  if (s.coarsening.applied) out << "note: " << s.coarsening.note << "\n";
   out << "simulated step " << format_fixed(s.schedule.step_time_s, 4) << " s (closed form "
       << format_fixed(closed.step_time_s, 4) << " s), " << sim::graph_op_count(s.graph) << " ops\n\n";
   out << std::setw(6) << "rank" << std::setw(12) << "finish s" << std::setw(12) << "busy s" << std::setw(14)

@@ -43,7 +43,8 @@ int run_sweep(const SweepOptions& o) {
     counts.push_back(n);
   }
   if (counts.empty()) fail_input("--gpu-counts: empty");
-  if ((o.max_hours || o.max_cost) && job_tokens(job.setup) == 0)
+  const SweepLimits limits{o.limits.get_number("--max-hours"), o.limits.get_number("--max-cost")};
+  if ((limits.max_hours || limits.max_cost) && job_tokens(job.setup) == 0)
     fail_input("--max-hours/--max-cost: the job has no dataset (give --dataset-rows or --dataset-tokens)");
   Objective objective = parse_objective(o.objective, "--objective");
   if (o.cheapest) objective = Objective::cost;
@@ -51,7 +52,7 @@ int run_sweep(const SweepOptions& o) {
 
   TrainingSetup setup = job.setup;
   std::vector<SweepRow> rows =
-      run_sweep(job.model, gpus, counts, setup, objective, o.all, {o.max_hours, o.max_cost});
+      run_sweep(job.model, gpus, counts, setup, objective, o.all, limits);
   if (o.cheapest || o.fastest) rows.resize(std::min<size_t>(rows.size(), 1));
   if (o.format == "csv") std::cout << sweep_csv(rows);
   else if (o.format == "markdown") std::cout << sweep_markdown(rows);

@@ -12,12 +12,11 @@ void add_commands(CLI::App& app, Commands& c) {
   plan->add_option("-o,--output", c.plan.output, "Write the recommended plan (for ftexec) to this file");
   plan->add_flag("--simulate", c.plan.simulate, "Rank the finalists with the step simulator");
 
-  auto* check = app.add_subcommand("check", "CI gate: exit 0 if the recommended plan meets every limit, 1 if not");
+  auto* check = app.add_subcommand("check", "CI gate: exit 0 if the plan meets every limit, 1 if not, 2 on bad input");
   add_job_options(*check, c.check.job);
   check->add_option("--objective", c.check.objective, "time | cost");
-  check->add_option("--max-hours", c.check.max_hours, "Longest acceptable job, hours");
-  check->add_option("--max-cost", c.check.max_cost, "Highest acceptable job cost, USD");
-  check->add_option("--max-memory-fraction", c.check.max_memory_fraction, "Largest acceptable share of GPU memory");
+  bind_field_flags(*check, c.check.limits, kCheckFlag);
+  check->add_flag("--any", c.check.any, "Pass when any feasible plan meets every limit (default: the recommended plan)");
 
   auto* sweep = app.add_subcommand("sweep", "What-if: GPU types x counts x strategies x micro-batches x checkpointing");
   add_job_options(*sweep, c.sweep.job);
@@ -28,8 +27,7 @@ void add_commands(CLI::App& app, Commands& c) {
   sweep->add_flag("--all", c.sweep.all, "Every feasible candidate, not only each strategy's best");
   sweep->add_flag("--cheapest", c.sweep.cheapest, "Print only the cheapest plan within the limits");
   sweep->add_flag("--fastest", c.sweep.fastest, "Print only the fastest plan within the limits");
-  sweep->add_option("--max-hours", c.sweep.max_hours, "Keep plans no longer than this, hours");
-  sweep->add_option("--max-cost", c.sweep.max_cost, "Keep plans no dearer than this, USD");
+  bind_field_flags(*sweep, c.sweep.limits, kSweepFlag);
 
   auto* simulate = app.add_subcommand("simulate", "Play one training step as a graph of compute and communication");
   add_job_options(*simulate, c.simulate.job);
@@ -39,6 +37,7 @@ void add_commands(CLI::App& app, Commands& c) {
   compare->add_option("plan", c.compare.plan, "Plan file from ftplan plan -o")->required();
   compare->add_option("measured", c.compare.measured, "measured.json from ftexec run --out")->required();
   compare->add_flag("--json", c.compare.json, "Print JSON");
+  compare->add_flag("--force", c.compare.force, "Compare even when the run differs from the planned job");
 }
 
 int run_selected(CLI::App& app, const Commands& c) {

@@ -26,7 +26,8 @@ struct PlanOptions {
 struct CheckOptions {
   JobOptions job;
   std::string objective = "time";
-  std::optional<double> max_hours, max_cost, max_memory_fraction;
+  FieldFlags limits;  // --max-hours, --max-cost, --max-memory-fraction
+  bool any = false;   // pass when any feasible plan meets the limits
 };
 
 struct SweepOptions {
@@ -37,7 +38,7 @@ struct SweepOptions {
   std::string format = "table";  // table | csv | json | markdown
   bool all = false;        // every candidate, not just each strategy's best
   bool cheapest = false, fastest = false;
-  std::optional<double> max_hours, max_cost;
+  FieldFlags limits;  // --max-hours, --max-cost
 };
 
 struct SimulateOptions {
@@ -48,6 +49,7 @@ struct SimulateOptions {
 struct CompareOptions {
   std::string plan, measured;
   bool json = false;
+  bool force = false;  // compare a run of a different job anyway
 };
 
 struct Commands {

@@ -1,12 +1,13 @@
 // The job options shared by every subcommand (`ftplan memory`, `plan`, `sweep`, `check`, `simulate`):
-// a job file (configs/jobs/X.json) and/or flags; a flag the user gives overrides the file.
+// a job file (configs/jobs/X.json) and/or flags; a flag the user gives overrides the file. Every
+// flag is a row of planner/job_fields.h's table, read through cli/field_flags.h.
 #pragma once
 
-#include <optional>
 #include <string>
 
 #include <CLI/CLI.hpp>
 
+#include "cli/field_flags.h"
 #include "planner/hardware_spec.h"
 #include "planner/model_spec.h"
 #include "planner/training_setup.h"
@@ -15,12 +16,7 @@ namespace ftplan::cli {
 
 struct JobOptions {
   std::string job_file;
-  std::optional<std::string> model, method, lora_targets, gpu, checkpointing, attention, precision, optimizer,
-      strategy;
-  std::optional<int64_t> lora_rank, gpus, seq_len, micro_batch, grad_accum, epochs, dataset_rows,
-      dataset_tokens, mean_tokens;
-  std::optional<double> lora_alpha, lora_dropout, headroom, efficiency;
-  bool paged_optimizer = false;
+  FieldFlags flags;  // the table's kFtplanFlag rows as typed
   bool json = false;
 };
 
@@ -32,9 +28,11 @@ struct LoadedJob {
   TrainingSetup setup;
   ModelSpec model;
   HardwareSpec hardware;
+  std::string model_path;  // the config.json the model came from (resolved)
 };
 
-// Reads the job file (if any), applies the flags, loads the model config and the hwdb entry.
+// Reads the job file (if any), applies the flags, loads the model config and the hwdb entry, and
+// runs the whole-job checks (validate_job).
 LoadedJob load_job(const JobOptions& options);
 
 }  // namespace ftplan::cli

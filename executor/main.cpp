@@ -7,6 +7,7 @@
 // on failure nothing is written.
 #include <unistd.h>
 
+#include <filesystem>
 #include <iostream>
 #include <optional>
 
@@ -18,71 +19,51 @@
 #include "executor/run_job.h"
 #include "planner/errors.h"
 #include "planner/json_fields.h"
+#include "planner/output_file.h"
+#include "cli/field_flags.h"
 
 namespace {
 
 struct RunOptions {
-  std::string plan_file;
+  std::string plan_file;            // a plan (`ftplan plan -o`) or a job file (configs/jobs/X.json)
   std::string out;
-  std::optional<std::string> model, method, lora_targets, checkpointing, attention, precision, device, data, gpu, strategy;
-  std::optional<int64_t> lora_rank, seq_len, micro_batch, grad_accum, steps, seed;
-  std::optional<double> lr, lora_alpha, lora_dropout;
-  int64_t warmup = 1;
-  int64_t threads = 0;
-  double max_grad_norm = 1.0;
-  double weight_decay = 0.0;
-  double cpu_memory_limit_gib = 0;
+  ftplan::cli::FieldFlags flags;    // the field table's ftexec rows: the job's fields and run settings
   std::string save, load_weights;
   bool no_progress = false;
-  int nproc = 0;                  // local ranks to start; 0: none (single device, or under torchrun/srun/mpirun)
-  ftexec::DistOptions dist;
+  ftexec::DistOptions dist;         // its numbers come from `flags`; strings and switches are bound here
 };
 
+// The run settings' defaults, from the structs that hold them (shown in --help).
+nlohmann::json run_defaults() {
+  nlohmann::json d = ftplan::cli::job_field_defaults();
+  const ftexec::ExecJob job;
+  const ftexec::DistOptions dist;
+  d["--warmup"] = job.warmup_steps;
+  d["--threads"] = job.threads;
+  d["--max-grad-norm"] = job.max_grad_norm;
+  d["--weight-decay"] = job.weight_decay;
+  d["--cpu-memory-limit-gib"] = 0;
+  d["--nproc"] = 0;
+  d["--timeout-s"] = dist.timeout_s;
+  d["--checkpoint-every"] = dist.checkpoint_every;
+  d["--bucket-mb"] = dist.ddp_bucket_mb;
+  d["--zero-bucket-elements"] = dist.zero_bucket_elements;
+  d["--shard-group-size"] = dist.shard_group_size;
+  d["device"] = nullptr;  // cpu for a plan on hwdb's "cpu", else the job's (cuda)
+  return d;
+}
+
 void setup_run(CLI::App& app, RunOptions& o) {
-  auto* run = app.add_subcommand("run", "Train a plan (or a job given by flags) and write measured.json");
-  run->add_option("plan", o.plan_file, "plan.json written by `ftplan plan -o` (optional)");
-  run->add_option("-o,--out", o.out, "where to write measured.json (atomically)");
-  run->add_option("--model", o.model, "model config: short name (configs/models) or config.json path");
-  run->add_option("--method", o.method, "full | lora | qlora (NF4 block linears + LoRA)");
-  run->add_option("--lora-rank", o.lora_rank, "LoRA rank r, e.g. 16");
-  run->add_option("--lora-alpha", o.lora_alpha, "LoRA alpha, e.g. 32");
-  run->add_option("--lora-dropout", o.lora_dropout, "LoRA dropout, e.g. 0.05");
-  run->add_option("--lora-targets", o.lora_targets, "q_proj,v_proj | all-linear | a comma list");
-  run->add_option("--seq-len", o.seq_len, "tokens per sample, e.g. 2048");
-  run->add_option("--micro-batch", o.micro_batch, "samples per micro-batch, e.g. 4");
-  run->add_option("--grad-accum", o.grad_accum, "micro-batches per optimizer step");
-  run->add_option("--checkpointing", o.checkpointing, "none | full");
-  run->add_option("--attention", o.attention, "eager | fused (SDPA, libtorch >= 2.1)");
-  run->add_option("--precision", o.precision, "fp32 | bf16 | mixed (bf16 compute, fp32 master weights)");
-  run->add_option("--steps", o.steps, "optimizer steps");
-  run->add_option("--lr", o.lr, "AdamW learning rate");
-  run->add_option("--seed", o.seed, "seed for the initial weights, adapters and synthetic data");
-  run->add_option("--data", o.data, "synthetic | PATH.jsonl (input_ids per line) | PATH.bin (uint32 tokens)");
-  run->add_option("--device", o.device, "cpu | cuda | cuda:N");
-  run->add_option("--gpu", o.gpu, "hwdb id for the MFU's peak FLOP/s on CUDA, e.g. h100-sxm");
-  run->add_option("--warmup", o.warmup, "steps left out of the timings")->capture_default_str();
-  run->add_option("--threads", o.threads, "intra-op threads (0: all cores)")->capture_default_str();
-  run->add_option("--max-grad-norm", o.max_grad_norm, "gradient clipping (0: off)")->capture_default_str();
-  run->add_option("--weight-decay", o.weight_decay, "AdamW weight decay")->capture_default_str();
-  run->add_option("--cpu-memory-limit-gib", o.cpu_memory_limit_gib, "fail CPU allocations beyond this (0: none)");
+  auto* run = app.add_subcommand("run", "Train a plan (or a job given by a job file or flags) and write measured.json");
+  run->add_option("plan", o.plan_file, "plan.json written by `ftplan plan -o`, or a job file (configs/jobs/X.json)");
+  run->add_option("-o,--out", o.out, "where to write measured.json (atomically; - for standard output)");
+  ftplan::cli::bind_field_flags(*run, o.flags, ftplan::kFtexecFlag, run_defaults());
   run->add_option("--save", o.save, "write the adapter (PEFT) or full weights (safetensors) to DIR");
   run->add_option("--load-weights", o.load_weights, "HF safetensors: file, folder or model.safetensors.index.json");
   run->add_flag("--no-progress", o.no_progress, "no progress bar even on a terminal");
-  run->add_option("--strategy", o.strategy,
-                  "single | ddp | zero1 | zero2 | zero2_offload | zero3 | zero3_offload | fsdp | fsdp_shard_grad_op | "
-                  "fsdp_hybrid | mp | pipeline (GPipe) | pipeline_1f1b");
-  run->add_option("--nproc", o.nproc, "start N local ranks (Gloo on CPU); under torchrun/srun/mpirun leave it out");
-  run->add_option("--timeout-s", o.dist.timeout_s, "collective and rendezvous timeout in seconds")->capture_default_str();
   run->add_option("--fault-inject", o.dist.fault_inject, "debug: RANK:STEP:kill|hang|exit|throw[,...]");
   run->add_option("--checkpoint-dir", o.dist.checkpoint_dir, "write sharded checkpoints to DIR (distributed runs)");
-  run->add_option("--checkpoint-every", o.dist.checkpoint_every, "steps between checkpoints")->capture_default_str();
   run->add_flag("--resume", o.dist.resume, "continue from the last complete checkpoint in --checkpoint-dir");
-  run->add_option("--bucket-mb", o.dist.ddp_bucket_mb, "DDP gradient bucket size in MiB")->capture_default_str();
-  run->add_option("--zero-bucket-elements", o.dist.zero_bucket_elements, "ZeRO-1/2 reduce bucket in elements")
-      ->capture_default_str();
-  run->add_option("--shard-group-size", o.dist.shard_group_size,
-                  "fsdp_hybrid: ranks per shard group (0: gpus_per_node of the --gpu hwdb entry)")
-      ->capture_default_str();
   run->add_option("--backend", o.dist.backend, "auto (nccl on CUDA, gloo on CPU) | gloo | nccl")->capture_default_str();
 }
 
@@ -104,50 +85,53 @@ std::vector<std::string> rank_args(int argc, char** argv) {
 }
 
 int run_run(const RunOptions& o) {
+  const auto& f = o.flags;
+  // Every output is checked before any work: a bad path is reported now, not after the run.
+  if (!o.out.empty()) ftplan::check_output_path(o.out, "--out");
+  if (!o.save.empty()) ftplan::check_output_dir(o.save, "--save");
+  if (!o.dist.checkpoint_dir.empty()) ftplan::check_output_dir(o.dist.checkpoint_dir, "--checkpoint-dir");
+  if (!o.load_weights.empty() && !std::filesystem::exists(o.load_weights))
+    ftplan::fail_input("--load-weights: " + o.load_weights + ": no such file or folder");
+  if (o.dist.backend != "auto" && o.dist.backend != "gloo" && o.dist.backend != "nccl")
+    ftplan::fail_input("--backend: '" + o.dist.backend + "' is not auto, gloo or nccl");
+
   ftplan::TrainingSetup setup;
   std::optional<nlohmann::json> plan;
+  bool alpha_in_file = false;
   if (!o.plan_file.empty()) {
     plan = ftplan::read_json_file(o.plan_file);
     setup = ftexec::setup_from_plan(*plan, o.plan_file);
+    const nlohmann::json& job_json = plan->contains("job") ? (*plan)["job"] : *plan;
+    alpha_in_file = ftplan::has_field(job_json, "lora") && ftplan::has_field(job_json["lora"], "alpha");
+    if (!plan->contains("job")) plan.reset();  // a job file: nothing predicted to carry along
   } else {
-    if (!o.model) ftplan::fail_input("--model: required without a plan file");
+    if (!f.has("--model")) ftplan::fail_input("--model: required without a plan or job file");
     setup.device = "cpu";
   }
-  const std::string f = "flags";
-  if (o.model) setup.model = *o.model;
-  if (o.method) setup.method = ftplan::parse_method(*o.method, "--method");
-  if (o.lora_rank) setup.lora.rank = *o.lora_rank;
-  if (o.lora_alpha) setup.lora.alpha = *o.lora_alpha;
-  if (o.lora_dropout) setup.lora.dropout = *o.lora_dropout;
-  if (o.lora_targets) setup.lora.targets = ftplan::parse_lora_targets(*o.lora_targets, "--lora-targets");
-  if (o.seq_len) setup.seq_len = *o.seq_len;
-  if (o.micro_batch) setup.micro_batch = *o.micro_batch;
-  if (o.grad_accum) setup.grad_accum = *o.grad_accum;
-  if (o.checkpointing) setup.checkpointing = ftplan::parse_checkpointing(*o.checkpointing, "--checkpointing");
-  if (o.attention) setup.attention = ftplan::parse_attention(*o.attention, "--attention");
-  if (o.precision) setup.precision = ftplan::parse_precision(*o.precision, "--precision");
-  if (o.steps) setup.steps = *o.steps;
-  if (o.lr) setup.learning_rate = *o.lr;
-  if (o.seed) setup.seed = *o.seed;
-  if (o.data) setup.data = *o.data;
-  if (o.gpu) setup.gpu = *o.gpu;
-  if (o.strategy) setup.strategy = ftplan::parse_strategy(*o.strategy, "--strategy");
+  f.apply_job(setup, alpha_in_file);
   // A plan for hwdb's "cpu" pseudo device runs on the CPU unless --device says otherwise.
-  const std::string device = o.device ? *o.device : (setup.gpu == "cpu" ? std::string("cpu") : setup.device);
+  const std::string device = f.has("--device") ? *f.get_text("--device") : (setup.gpu == "cpu" ? std::string("cpu") : setup.device);
   ftexec::ExecJob job = ftexec::make_exec_job(setup, device);
   job.plan = plan;
-  job.warmup_steps = std::min<int64_t>(o.warmup, job.setup.steps - 1);
-  job.threads = o.threads;
-  job.max_grad_norm = o.max_grad_norm;
-  job.weight_decay = o.weight_decay;
-  job.cpu_memory_limit_bytes = static_cast<int64_t>(o.cpu_memory_limit_gib * double(1ll << 30));
+  job.warmup_steps = std::min<int64_t>(f.get_int("--warmup").value_or(job.warmup_steps), job.setup.steps - 1);
+  job.threads = f.get_int("--threads").value_or(job.threads);
+  job.max_grad_norm = f.get_number("--max-grad-norm").value_or(job.max_grad_norm);
+  job.weight_decay = f.get_number("--weight-decay").value_or(job.weight_decay);
+  job.cpu_memory_limit_bytes = static_cast<int64_t>(f.get_number("--cpu-memory-limit-gib").value_or(0) * double(1ll << 30));
   job.save_dir = o.save;
   job.load_weights = o.load_weights;
   job.progress = !o.no_progress;
+  ftexec::DistOptions dist = o.dist;
+  dist.timeout_s = f.get_number("--timeout-s").value_or(dist.timeout_s);
+  dist.checkpoint_every = f.get_int("--checkpoint-every").value_or(dist.checkpoint_every);
+  dist.ddp_bucket_mb = f.get_number("--bucket-mb").value_or(dist.ddp_bucket_mb);
+  dist.zero_bucket_elements = f.get_number("--zero-bucket-elements").value_or(dist.zero_bucket_elements);
+  dist.shard_group_size = f.get_int("--shard-group-size").value_or(dist.shard_group_size);
+  const int nproc = static_cast<int>(f.get_int("--nproc").value_or(0));
 
-  const bool launcher = o.nproc > 1 && !std::getenv("RANK");
+  const bool launcher = nproc > 1 && !std::getenv("RANK");
   const ftexec::DistEnv env = launcher ? ftexec::DistEnv{} : ftexec::dist_env_from_environment();
-  const int world = launcher ? o.nproc : env.world;
+  const int world = launcher ? nproc : env.world;
   if (plan && plan->contains("candidate") && (*plan)["candidate"].contains("gpus") &&
       (*plan)["candidate"]["gpus"].get<int64_t>() != world && (world > 1 || *job.setup.strategy != ftplan::Strategy::single))
     ftplan::fail_input("the plan's candidate gpus (" + (*plan)["candidate"]["gpus"].dump() + ") != WORLD_SIZE (" +
@@ -156,28 +140,29 @@ int run_run(const RunOptions& o) {
   if (launcher) {
     // The job is valid (checked above, once): start the ranks, each of which runs this again.
     if (*job.setup.strategy == ftplan::Strategy::single)
-      ftplan::fail_input("--nproc " + std::to_string(o.nproc) + " needs a distributed strategy (--strategy ddp, zero1, "
+      ftplan::fail_input("--nproc " + std::to_string(nproc) + " needs a distributed strategy (--strategy ddp, zero1, "
                          "zero2, zero3, fsdp, mp or pipeline, or a plan for several GPUs)");
     ftexec::LaunchOptions lo;
-    lo.nproc = o.nproc;
-    lo.timeout_s = o.dist.timeout_s;
+    lo.nproc = nproc;
+    lo.timeout_s = dist.timeout_s;
     return ftexec::launch_local(lo, rank_args_, std::cerr);
   }
   const bool distributed = env.world > 1 || *job.setup.strategy != ftplan::Strategy::single;
   nlohmann::json measured;
   if (distributed) {
-    if (o.dist.resume && o.dist.checkpoint_dir.empty()) ftplan::fail_input("--resume needs --checkpoint-dir");
-    measured = ftexec::run_rank(job, env, o.dist);
+    if (dist.resume && dist.checkpoint_dir.empty()) ftplan::fail_input("--resume needs --checkpoint-dir");
+    measured = ftexec::run_rank(job, env, dist);
     if (env.rank != 0) return 0;
   } else {
-    if (o.dist.resume || !o.dist.checkpoint_dir.empty() || !o.dist.fault_inject.empty())
+    if (dist.resume || !dist.checkpoint_dir.empty() || !dist.fault_inject.empty())
       ftplan::fail_input("--checkpoint-dir, --resume and --fault-inject apply to distributed runs (a strategy other than single)");
     measured = ftexec::run_job(job);
   }
-  if (!o.out.empty()) ftplan::write_file_atomically(o.out, measured.dump(2) + "\n");
+  if (!o.out.empty()) ftplan::write_output(o.out, measured.dump(2) + "\n", "--out");
   const auto& rank = measured["ranks"][0];
   const auto& loss = measured["loss"];
-  std::cout << "loss " << (loss.empty() ? 0.0 : loss.front().get<double>()) << " -> "
+  // With --out - the JSON owns standard output: the summary goes to standard error.
+  (o.out == "-" ? std::cerr : std::cout) << "loss " << (loss.empty() ? 0.0 : loss.front().get<double>()) << " -> "
             << (loss.empty() ? 0.0 : loss.back().get<double>()) << ", step " << measured["step_time_s"].get<double>()
             << " s, " << measured["tokens_per_s"].get<double>() << " tokens/s, peak "
             << rank["peak_memory_bytes"].get<int64_t>() / double(1 << 20) << " MiB"

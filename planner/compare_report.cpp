@@ -7,6 +7,7 @@
 
 #include "planner/errors.h"
 #include "planner/format.h"
+#include "planner/model_spec.h"
 
 namespace ftplan {
 namespace {
@@ -43,15 +44,69 @@ std::string format_value(double v, const std::string& unit) {
   return format_fixed(v, 3);
 }
 
+// A model reference (short name or config path) as the model it names: its stem when it cannot be
+// loaded here (a run from another machine), else the architecture's parameter count and shape.
+std::string model_identity(const std::string& ref) {
+  try {
+    const ModelSpec m = load_model(ref);
+    return std::to_string(count_params(m).total) + " params, " + std::to_string(m.num_layers) + " layers, hidden " +
+           std::to_string(m.hidden_size);
+  } catch (const InputError&) {
+    std::string stem = ref.substr(ref.find_last_of('/') == std::string::npos ? 0 : ref.find_last_of('/') + 1);
+    if (stem.size() > 5 && stem.substr(stem.size() - 5) == ".json") stem.resize(stem.size() - 5);
+    return stem;
+  }
+}
+
+std::string show(const nlohmann::json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); }
+
 }  // namespace
 
-nlohmann::json compare_json(const nlohmann::json& plan, const nlohmann::json& measured) {
+std::vector<std::string> job_differences(const nlohmann::json& plan, const nlohmann::json& measured) {
+  std::vector<std::string> out;
+  if (!plan.contains("job") || !measured.is_object() || !measured.contains("job")) return out;
+  const auto& pj = plan["job"];
+  const auto& mj = measured["job"];
+  auto get = [](const nlohmann::json& j, const char* key, const char* sub = nullptr) -> nlohmann::json {
+    if (!j.is_object() || !j.contains(key)) return nullptr;
+    if (!sub) return j[key];
+    return j[key].is_object() && j[key].contains(sub) ? j[key][sub] : nlohmann::json(nullptr);
+  };
+  auto differ = [&](const std::string& name, const nlohmann::json& a, const nlohmann::json& b) {
+    if (!a.is_null() && !b.is_null() && a != b) out.push_back(name + ": plan " + show(a) + ", measured " + show(b));
+  };
+  const nlohmann::json pm = get(pj, "model"), mm = get(mj, "model");
+  if (pm.is_string() && mm.is_string() && pm != mm) {
+    const std::string a = model_identity(pm.get<std::string>()), b = model_identity(mm.get<std::string>());
+    if (a != b) out.push_back("model: plan " + show(pm) + " (" + a + "), measured " + show(mm) + " (" + b + ")");
+  }
+  for (const char* k : {"method", "precision", "seq_len", "grad_accum"}) differ(k, get(pj, k), get(mj, k));
+  if (get(pj, "method") != "full") {
+    differ("lora.rank", get(pj, "lora", "rank"), get(mj, "lora", "rank"));
+    differ("lora.targets", get(pj, "lora", "targets"), get(mj, "lora", "targets"));
+  }
+  const nlohmann::json pc = plan.contains("candidate") ? plan["candidate"] : nlohmann::json::object();
+  const nlohmann::json mc = measured.contains("candidate") ? measured["candidate"] : nlohmann::json::object();
+  for (const char* k : {"strategy", "micro_batch", "checkpointing"}) differ(k, get(pc, k), get(mc, k));
+  const nlohmann::json world = get(measured, "world_size");
+  if (!world.is_null() && !get(pc, "gpus").is_null() && get(pc, "strategy") != "single") differ("gpus", get(pc, "gpus"), world);
+  return out;
+}
+
+nlohmann::json compare_json(const nlohmann::json& plan, const nlohmann::json& measured, bool force) {
   if (!plan.is_object() || !plan.contains("predicted") || !plan["predicted"].is_object())
     fail_input("plan: no \"predicted\" object (write the plan with `ftplan plan -o plan.json`)");
   if (!measured.is_object()) fail_input("measured: expected a JSON object (written by `ftexec run --out`)");
   const auto& p = plan["predicted"];
   nlohmann::json rows = nlohmann::json::array();
   nlohmann::json notes = nlohmann::json::array();
+  const std::vector<std::string> differences = job_differences(plan, measured);
+  if (!differences.empty() && !force) {
+    std::string msg = "measured: a run of a different job than the plan (";
+    for (size_t i = 0; i < differences.size(); ++i) msg += (i ? "; " : "") + differences[i];
+    fail_input(msg + "); --force compares them anyway");
+  }
+  for (const auto& d : differences) notes.push_back("compared with --force although the run differs: " + d);
 
   const nlohmann::json ranks = measured.contains("ranks") && measured["ranks"].is_array() ? measured["ranks"]
                                                                                           : nlohmann::json::array();
@@ -116,7 +171,7 @@ nlohmann::json compare_json(const nlohmann::json& plan, const nlohmann::json& me
   }
   // Say where the run differed from the plan (e.g. eager attention on a libtorch without SDPA).
   if (plan.contains("candidate") && measured.contains("candidate")) {
-    for (const char* k : {"strategy", "micro_batch", "checkpointing", "attention"}) {
+    for (const char* k : {"attention"}) {  // the others are job differences (above)
       const auto& a = plan["candidate"];
       const auto& b = measured["candidate"];
       if (a.contains(k) && b.contains(k) && a[k] != b[k])
@@ -128,11 +183,11 @@ nlohmann::json compare_json(const nlohmann::json& plan, const nlohmann::json& me
   if (measured.contains("device") && measured["device"].is_string())
     notes.push_back("measured on " + measured["device"].get<std::string>() +
                     (measured.contains("torch_version") ? " with libtorch " + measured["torch_version"].get<std::string>() : ""));
-  return {{"rows", rows}, {"notes", notes}};
+  return {{"rows", rows}, {"notes", notes}, {"differences", differences}};
 }
 
-std::string compare_report(const nlohmann::json& plan, const nlohmann::json& measured) {
-  const nlohmann::json c = compare_json(plan, measured);
+std::string compare_report(const nlohmann::json& plan, const nlohmann::json& measured, bool force) {
+  const nlohmann::json c = compare_json(plan, measured, force);
   std::ostringstream out;
   out << std::left << std::setw(34) << "figure" << std::right << std::setw(20) << "predicted" << std::setw(20)
       << "measured" << std::setw(11) << "error %" << "\n";

@@ -10,16 +10,23 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 namespace ftplan {
 
+// Where the measured run is not the planned job: one line per field that differs (model, method,
+// LoRA rank and targets, precision, sequence length, micro-batch, gradient accumulation,
+// checkpointing, strategy, GPU count), e.g. "method: plan lora, measured full". Empty when alike.
+std::vector<std::string> job_differences(const nlohmann::json& plan, const nlohmann::json& measured);
+
 // {"rows": [{"figure", "unit", "predicted", "measured", "error_pct" (null when predicted is 0)}],
-//  "notes": [..]}; InputError when either file lacks the object it must have.
-nlohmann::json compare_json(const nlohmann::json& plan, const nlohmann::json& measured);
+//  "notes": [..], "differences": [..]}; InputError when either file lacks the object it must have,
+// and, unless `force`, when the run is of a different job (naming every field that differs).
+nlohmann::json compare_json(const nlohmann::json& plan, const nlohmann::json& measured, bool force = false);
 
 // The rows as a table "figure | predicted | measured | error %", then the notes.
-std::string compare_report(const nlohmann::json& plan, const nlohmann::json& measured);
+std::string compare_report(const nlohmann::json& plan, const nlohmann::json& measured, bool force = false);
 
 }  // namespace ftplan

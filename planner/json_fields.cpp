@@ -5,9 +5,9 @@
 #include <fstream>
 #include <sstream>
 
-#include <unistd.h>
 
 #include "planner/errors.h"
+#include "planner/output_file.h"
 
 namespace ftplan {
 namespace {
@@ -108,30 +108,25 @@ bool read_bool_or(const nlohmann::json& object, const char* key, bool fallback,
 nlohmann::json read_json_file(const std::string& path) {
   std::ifstream in(path);
   if (!in) fail_input(path + ": cannot open file");
+  // The parser's callback remembers the last key, so that a number the parser cannot hold (1e400
+  // overflows a double) is reported with the field it belongs to.
+  std::string last_key;
+  auto remember_key = [&](int, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+    if (event == nlohmann::json::parse_event_t::key) last_key = parsed.get<std::string>();
+    return true;
+  };
   try {
-    return nlohmann::json::parse(in);
+    return nlohmann::json::parse(in, remember_key);
   } catch (const nlohmann::json::parse_error& e) {
     std::string what = e.what();
     fail_input(path + ": malformed JSON (" + what.substr(what.find(']') + 2) + ")");
+  } catch (const nlohmann::json::exception& e) {  // out_of_range 406: a number overflows a double
+    std::string what = e.what();
+    fail_input(path + (last_key.empty() ? "" : ": " + last_key) + ": number out of range (" +
+               what.substr(what.find(']') + 2) + ")");
   }
 }
 
-void write_file_atomically(const std::string& path, const std::string& text) {
-  std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) fail_input(path + ": cannot write (cannot create " + tmp + ")");
-    out << text;
-    out.flush();
-    if (!out) {
-      std::remove(tmp.c_str());
-      fail_input(path + ": write failed");
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    fail_input(path + ": cannot rename temporary file into place");
-  }
-}
+void write_file_atomically(const std::string& path, const std::string& text) { write_output(path, text, path); }
 
 }  // namespace ftplan

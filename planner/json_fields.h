@@ -35,10 +35,12 @@ std::string read_string_or(const nlohmann::json& object, const char* key, const 
 bool read_bool_or(const nlohmann::json& object, const char* key, bool fallback,
                   const std::string& where);
 
-// Parses a whole file; a missing file or malformed JSON is an InputError naming the file.
+// Parses a whole file; a missing file, malformed JSON or a number that overflows a double is an
+// InputError naming the file (and the key nearest the overflow).
 nlohmann::json read_json_file(const std::string& path);
 
-// Writes text to path atomically (temporary file in the same folder, then rename).
+// Writes text to path as planner/output_file.h's write_output does (atomically for regular files;
+// symlink targets and special files written in place), naming the path in errors.
 void write_file_atomically(const std::string& path, const std::string& text);
 
 }  // namespace ftplan

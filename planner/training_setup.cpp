@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "planner/errors.h"
+#include "planner/job_fields.h"
 #include "planner/json_fields.h"
 
 namespace ftplan {
@@ -93,73 +94,39 @@ std::vector<std::string> parse_lora_targets(const std::string& list, const std::
   return targets;
 }
 
-TrainingSetup training_setup_from_json(const nlohmann::json& j, const std::string& where) {
-  require_known_keys(j,
-                     {"model", "gpu", "gpus", "method", "lora", "precision", "optimizer", "paged_optimizer",
-                      "seq_len", "micro_batch", "grad_accum", "checkpointing", "attention", "strategy",
-                      "efficiency", "dataset", "epochs", "headroom_fraction", "steps", "learning_rate",
-                      "seed", "data", "device", "published", "description"},
-                     where);
-  TrainingSetup s;
-  s.model = read_string(j, "model", where);
-  s.gpu = read_string_or(j, "gpu", s.gpu, where);
-  s.num_gpus = read_int_or(j, "gpus", s.num_gpus, where, 1, 1 << 20);
-  s.method = parse_method(read_string_or(j, "method", "full", where), where + ": method");
-  if (has_field(j, "lora")) {
-    const auto& l = j.at("lora");
-    const std::string lw = where + ": lora";
-    require_known_keys(l, {"rank", "alpha", "dropout", "targets"}, lw);
-    s.lora.rank = read_int_or(l, "rank", s.lora.rank, lw, 1, 1 << 16);
-    s.lora.alpha = read_number_or(l, "alpha", 2.0 * s.lora.rank, lw, 1e-9, 1e9);
-    s.lora.dropout = read_number_or(l, "dropout", 0.0, lw, 0.0, 0.99);
-    if (has_field(l, "targets")) {
-      const auto& t = l.at("targets");
-      std::string list;
-      if (t.is_string()) {
-        list = t.get<std::string>();
-      } else if (t.is_array()) {
-        for (const auto& x : t) {
-          if (!x.is_string()) fail_input(lw + ": targets: expected module names");
-          list += (list.empty() ? "" : ",") + x.get<std::string>();
-        }
-      } else {
-        fail_input(lw + ": targets: expected a list or \"all-linear\"");
-      }
-      s.lora.targets = parse_lora_targets(list, lw + ": targets");
+namespace {
+
+// Applies every key of a job object (or of its nested "lora" / "dataset" object) through the field
+// table; `prefix` is "" or "lora" / "dataset", `name` how errors name the object.
+void apply_job_object(TrainingSetup& s, const nlohmann::json& j, const std::string& prefix, const std::string& name) {
+  if (!j.is_object()) fail_input(name + ": expected a JSON object");
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string key = prefix.empty() ? it.key() : prefix + "." + it.key();
+    const std::string field = name + ": " + it.key();
+    if (it->is_null()) continue;  // null: the default
+    if (prefix.empty() && (key == "lora" || key == "dataset")) {
+      apply_job_object(s, *it, key, field);
+      continue;
     }
-  } else {
-    s.lora.alpha = 2.0 * s.lora.rank;
+    const FieldSpec* spec = nullptr;
+    for (const FieldSpec& f : field_table())
+      if (key == f.key && (f.places & kInJobFile)) spec = &f;
+    if (!spec) fail_input(field + ": unknown key");
+    apply_job_field(s, *spec, *it, field);
   }
-  s.precision = parse_precision(read_string_or(j, "precision", "mixed", where), where + ": precision");
-  s.optimizer = parse_optimizer(read_string_or(j, "optimizer", "adamw", where), where + ": optimizer");
-  s.paged_optimizer = read_bool_or(j, "paged_optimizer", false, where);
-  s.seq_len = read_int_or(j, "seq_len", s.seq_len, where, 1, 1 << 24);
-  s.grad_accum = read_int_or(j, "grad_accum", s.grad_accum, where, 1, 1 << 20);
-  s.epochs = read_int_or(j, "epochs", s.epochs, where, 1, 1 << 20);
-  s.headroom_fraction = read_number_or(j, "headroom_fraction", s.headroom_fraction, where, 0.0, 0.9);
-  if (has_field(j, "micro_batch")) s.micro_batch = read_int(j, "micro_batch", where, 1, 1 << 20);
-  if (has_field(j, "checkpointing"))
-    s.checkpointing = parse_checkpointing(read_string(j, "checkpointing", where), where + ": checkpointing");
-  if (has_field(j, "attention"))
-    s.attention = parse_attention(read_string(j, "attention", where), where + ": attention");
-  if (has_field(j, "strategy"))
-    s.strategy = parse_strategy(read_string(j, "strategy", where), where + ": strategy");
-  if (has_field(j, "efficiency")) s.efficiency = read_number(j, "efficiency", where, 1e-4, 1.0);
-  if (has_field(j, "dataset")) {
-    const auto& d = j.at("dataset");
-    const std::string dw = where + ": dataset";
-    require_known_keys(d, {"rows", "mean_tokens_per_row", "tokens", "description"}, dw);
-    s.dataset.rows = read_int_or(d, "rows", 0, dw, 1, INT64_C(1) << 40);
-    s.dataset.mean_tokens_per_row = read_int_or(d, "mean_tokens_per_row", 0, dw, 1, 1 << 24);
-    s.dataset.tokens = read_int_or(d, "tokens", 0, dw, 1, INT64_C(1) << 50);
-    if (s.dataset.rows == 0 && s.dataset.tokens == 0) fail_input(dw + ": give rows or tokens");
-  }
-  s.steps = read_int_or(j, "steps", s.steps, where, 1, 1 << 30);
-  s.learning_rate = read_number_or(j, "learning_rate", s.learning_rate, where, 0.0, 10.0);
-  s.seed = read_int_or(j, "seed", s.seed, where, 0, INT64_C(1) << 62);
-  s.data = read_string_or(j, "data", s.data, where);
-  s.device = read_string_or(j, "device", s.device, where);
-  if (s.device != "cpu" && s.device != "cuda") fail_input(where + ": device: '" + s.device + "' is not cpu or cuda");
+}
+
+}  // namespace
+
+TrainingSetup training_setup_from_json(const nlohmann::json& j, const std::string& where) {
+  TrainingSetup s;
+  apply_job_object(s, j, "", where);
+  if (!has_field(j, "model")) fail_input(where + ": model: missing");
+  // PEFT scales the update by alpha / r: without an alpha, 2r (scaling 2).
+  const bool alpha_given = has_field(j, "lora") && has_field(j.at("lora"), "alpha");
+  if (!alpha_given) s.lora.alpha = 2.0 * s.lora.rank;
+  if (has_field(j, "dataset") && s.dataset.rows == 0 && s.dataset.tokens == 0)
+    fail_input(where + ": dataset: give rows or tokens");
   return s;
 }
 

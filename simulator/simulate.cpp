@@ -1,13 +1,78 @@
 #include "simulator/simulate.h"
 
+#include <algorithm>
+
+#include "planner/errors.h"
 #include "simulator/graph_builders.h"
 
 namespace ftplan::sim {
 
-StepSimulation simulate_step(const StepInputs& inputs) {
+namespace {
+
+StepSimulation simulate_exactly(const StepInputs& inputs) {
   StepSimulation sim;
   sim.graph = build_step_graph(inputs);
   sim.schedule = schedule_run(sim.graph);
+  return sim;
+}
+
+StepInputs with_micro_batches(StepInputs in, int m) {
+  in.micro_batches = m;
+  return in;
+}
+
+// a + (b - a) * steps: one more figure extrapolated from micro-batch counts m-1 (a) and m (b).
+double extend(double a, double b, double steps) { return b + (b - a) * steps; }
+
+}  // namespace
+
+StepSimulation simulate_step(const StepInputs& inputs) {
+  validate_step_inputs(inputs);
+  const int m = inputs.micro_batches;
+  // A micro-batch has at most ~16 ops per layer (forward, recompute, backward, gathers, reductions):
+  // refuse before building anything that large.
+  auto refuse = [](int64_t ops) {
+    fail_input("simulate: one micro-batch of this job has about " + std::to_string(ops) + " ops (limit " +
+               std::to_string(kMaxSimulatedOps) + "): too large to simulate; `ftplan plan` gives its closed form");
+  };
+  if (16 * static_cast<int64_t>(inputs.layers.size()) > kMaxSimulatedOps) refuse(16 * static_cast<int64_t>(inputs.layers.size()));
+  if (m <= 2) return simulate_exactly(inputs);
+  // Ops of one and two micro-batches give the cost of each further one.
+  const int64_t ops1 = static_cast<int64_t>(graph_op_count(build_step_graph(with_micro_batches(inputs, 1))));
+  if (ops1 > kMaxSimulatedOps) refuse(ops1);
+  const int64_t ops2 = static_cast<int64_t>(graph_op_count(build_step_graph(with_micro_batches(inputs, 2))));
+  const int64_t per_mb = std::max<int64_t>(1, ops2 - ops1);
+  if (ops1 + (m - 1) * per_mb <= kMaxSimulatedOps) return simulate_exactly(inputs);
+  // The largest count that fits, at least two full pipeline fills past the warm-up.
+  const int fit = static_cast<int>(std::min<int64_t>(m, 1 + (kMaxSimulatedOps - ops1) / per_mb));
+  const int floor_m = strategy_is_pipeline(inputs.strategy) ? 2 * inputs.num_gpus + 1 : 3;
+  if (fit < floor_m)
+    fail_input("simulate: grad_accum " + std::to_string(m) + " needs about " +
+               std::to_string(ops1 + (m - 1) * per_mb) + " ops and not even " + std::to_string(floor_m) +
+               " micro-batches fit the limit of " + std::to_string(kMaxSimulatedOps) +
+               " ops; `ftplan plan` gives its closed form");
+  const StepSimulation before = simulate_exactly(with_micro_batches(inputs, fit - 1));
+  StepSimulation sim = simulate_exactly(with_micro_batches(inputs, fit));
+  const double steps = static_cast<double>(m - fit);
+  Schedule& s = sim.schedule;
+  s.step_time_s = extend(before.schedule.step_time_s, s.step_time_s, steps);
+  for (size_t r = 0; r < s.ranks.size(); ++r) {
+    RankTimeline& t = s.ranks[r];
+    const RankTimeline& a = before.schedule.ranks.at(r);
+    t.finish_s = extend(a.finish_s, t.finish_s, steps);
+    t.compute_busy_s = extend(a.compute_busy_s, t.compute_busy_s, steps);
+    t.exposed_comm_s = extend(a.exposed_comm_s, t.exposed_comm_s, steps);
+    t.exposed_host_s = extend(a.exposed_host_s, t.exposed_host_s, steps);
+    t.idle_s = extend(a.idle_s, t.idle_s, steps);
+    t.peak_memory_bytes = static_cast<int64_t>(
+        extend(static_cast<double>(a.peak_memory_bytes), static_cast<double>(t.peak_memory_bytes), steps));
+  }
+  sim.coarsening = {true, m, fit,
+                    "coarsened: simulated " + std::to_string(fit) + " of " + std::to_string(m) +
+                        " micro-batches (the limit is " + std::to_string(kMaxSimulatedOps) +
+                        " ops) and extrapolated step time, per-rank totals and peak memory linearly from " +
+                        std::to_string(fit - 1) + " and " + std::to_string(fit) +
+                        "; the graph and trace hold the simulated micro-batches"};
   return sim;
 }
 
@@ -40,6 +105,10 @@ nlohmann::json simulation_summary_json(const StepInputs& inputs, const StepSimul
           {"represented_ranks", sim.graph.num_ranks_represented},
           {"ops", graph_op_count(sim.graph)},
           {"step_time_s", sim.schedule.step_time_s},
+          {"coarsened", sim.coarsening.applied ? nlohmann::json{{"micro_batches", sim.coarsening.micro_batches},
+                                                                 {"simulated_micro_batches", sim.coarsening.simulated_micro_batches},
+                                                                 {"note", sim.coarsening.note}}
+                                               : nlohmann::json(nullptr)},
           {"ranks", std::move(ranks)}};
 }
 

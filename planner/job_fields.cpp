@@ -1,0 +1,314 @@
+#include "planner/job_fields.h"
+
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <sstream>
+#include <stdexcept>
+
+#include <nlohmann/json.hpp>
+
+#include "planner/errors.h"
+
+namespace ftplan {
+namespace {
+
+using Apply = void (*)(TrainingSetup&, const FieldSpec&, const nlohmann::json&, const std::string&);
+
+struct Row {
+  FieldSpec spec;
+  Apply apply;
+};
+
+constexpr unsigned kJob = kInJobFile | kFtplanFlag | kFtexecFlag;  // everywhere
+constexpr unsigned kJobPlan = kInJobFile | kFtplanFlag;            // the planner's inputs
+constexpr unsigned kJobExec = kInJobFile | kFtexecFlag;            // carried to ftexec through a plan
+constexpr double kMaxTokens = 16777216;                            // 2^24 tokens per sample
+
+Row integer(const char* key, const char* flag, double lo, double hi, const char* unit, const char* help, unsigned places,
+            Apply apply = nullptr) {
+  return {{key, flag, FieldType::integer, lo, hi, false, false, unit, "", help, places}, apply};
+}
+Row number(const char* key, const char* flag, double lo, double hi, bool lo_open, bool hi_open, const char* unit,
+           const char* help, unsigned places, Apply apply = nullptr) {
+  return {{key, flag, FieldType::number, lo, hi, lo_open, hi_open, unit, "", help, places}, apply};
+}
+Row text(FieldType type, const char* key, const char* flag, const char* choices, const char* help, unsigned places,
+         Apply apply = nullptr) {
+  return {{key, flag, type, 0, 0, false, false, "", choices, help, places}, apply};
+}
+
+const std::vector<Row>& rows() {
+  using T = TrainingSetup;
+  using F = FieldSpec;
+  using J = nlohmann::json;
+  using S = std::string;
+  static const std::vector<Row> table = {
+      // The job: the same keys in job files and plans, the same flags in ftplan and ftexec.
+      text(FieldType::text, "model", "--model", "", "Model: short name (llama-3-8b) or path of a Hugging Face config.json",
+           kJob, [](T& s, const F& f, const J& v, const S& n) { s.model = field_text(f, v, n); }),
+      text(FieldType::text, "gpu", "--gpu", "", "GPU id from hwdb/ (a100-80gb-sxm, h100-sxm, rtx-3090, ...)", kJob,
+           [](T& s, const F& f, const J& v, const S& n) { s.gpu = field_text(f, v, n); }),
+      integer("gpus", "--gpus", 1, 1048576, "GPUs", "Number of GPUs in the job", kJobPlan,
+              [](T& s, const F& f, const J& v, const S& n) { s.num_gpus = field_int(f, v, n); }),
+      text(FieldType::choice, "method", "--method", "full|lora|qlora", "Fine-tuning method", kJob,
+           [](T& s, const F& f, const J& v, const S& n) { s.method = parse_method(field_text(f, v, n), n); }),
+      integer("lora.rank", "--lora-rank", 1, 65536, "", "LoRA rank r", kJob,
+              [](T& s, const F& f, const J& v, const S& n) { s.lora.rank = field_int(f, v, n); }),
+      number("lora.alpha", "--lora-alpha", 0, 1e6, true, false, "", "LoRA alpha: the update is scaled by alpha / r "
+             "(default 2r)", kJob, [](T& s, const F& f, const J& v, const S& n) { s.lora.alpha = field_number(f, v, n); }),
+      number("lora.dropout", "--lora-dropout", 0, 1, false, true, "probability", "LoRA dropout on the adapter's input",
+             kJob, [](T& s, const F& f, const J& v, const S& n) { s.lora.dropout = field_number(f, v, n); }),
+      text(FieldType::list, "lora.targets", "--lora-targets", "",
+           "Adapted block linears: q_proj,v_proj | all-linear | a comma list", kJob,
+           [](T& s, const F&, const J& v, const S& n) {
+             std::string list;
+             if (v.is_string()) {
+               list = v.get<std::string>();
+             } else if (v.is_array()) {
+               for (const auto& x : v) {
+                 if (!x.is_string()) fail_input(n + ": expected module names, got " + x.dump());
+                 list += (list.empty() ? "" : ",") + x.get<std::string>();
+               }
+             } else {
+               fail_input(n + ": expected a list or \"all-linear\", got " + v.dump());
+             }
+             s.lora.targets = parse_lora_targets(list, n);
+           }),
+      text(FieldType::choice, "precision", "--precision", "mixed|mixed-fp32-grads|bf16|fp32",
+           "Precision convention of weights, gradients and optimizer states", kJob,
+           [](T& s, const F& f, const J& v, const S& n) { s.precision = parse_precision(field_text(f, v, n), n); }),
+      text(FieldType::choice, "optimizer", "--optimizer", "adamw|adamw8bit|sgd", "Optimizer", kJobPlan,
+           [](T& s, const F& f, const J& v, const S& n) { s.optimizer = parse_optimizer(field_text(f, v, n), n); }),
+      text(FieldType::boolean, "paged_optimizer", "--paged-optimizer", "",
+           "Optimizer states paged to host memory (bitsandbytes)", kJobPlan,
+           [](T& s, const F& f, const J& v, const S& n) { s.paged_optimizer = field_bool(f, v, n); }),
+      integer("seq_len", "--seq-len", 1, kMaxTokens, "tokens", "Sequence length", kJob,
+              [](T& s, const F& f, const J& v, const S& n) { s.seq_len = field_int(f, v, n); }),
+      integer("micro_batch", "--micro-batch", 1, 1048576, "samples per GPU", "Samples per GPU per micro-batch "
+              "(default: searched)", kJob, [](T& s, const F& f, const J& v, const S& n) { s.micro_batch = field_int(f, v, n); }),
+      integer("grad_accum", "--grad-accum", 1, 1048576, "micro-batches",
+              "Micro-batches per optimizer step (pipelines: their micro-batches)", kJob,
+              [](T& s, const F& f, const J& v, const S& n) { s.grad_accum = field_int(f, v, n); }),
+      text(FieldType::choice, "checkpointing", "--checkpointing", "none|full", "Activation checkpointing (default: searched)",
+           kJob, [](T& s, const F& f, const J& v, const S& n) { s.checkpointing = parse_checkpointing(field_text(f, v, n), n); }),
+      text(FieldType::choice, "attention", "--attention", "fused|eager", "Attention: fused (SDPA/flash) or eager", kJob,
+           [](T& s, const F& f, const J& v, const S& n) { s.attention = parse_attention(field_text(f, v, n), n); }),
+      text(FieldType::choice, "strategy", "--strategy", "single|mp|pipeline|pipeline_1f1b|ddp|zero1|zero2|zero3|fsdp|"
+           "fsdp_shard_grad_op|fsdp_hybrid|zero2_offload|zero3_offload", "Fix the strategy (default: searched)", kJob,
+           [](T& s, const F& f, const J& v, const S& n) { s.strategy = parse_strategy(field_text(f, v, n), n); }),
+      number("efficiency", "--efficiency", 1e-4, 1, false, false, "fraction of peak FLOP/s",
+             "Achieved fraction of the GPU's peak (default: from hwdb)", kJobPlan,
+             [](T& s, const F& f, const J& v, const S& n) { s.efficiency = field_number(f, v, n); }),
+      integer("epochs", "--epochs", 1, 1048576, "epochs", "Passes over the dataset", kJobPlan,
+              [](T& s, const F& f, const J& v, const S& n) { s.epochs = field_int(f, v, n); }),
+      number("headroom_fraction", "--headroom", 0, 0.9, false, false, "fraction of GPU memory",
+             "GPU memory kept free: a plan fits when it needs at most (1 - headroom) of it", kJobPlan,
+             [](T& s, const F& f, const J& v, const S& n) { s.headroom_fraction = field_number(f, v, n); }),
+      integer("dataset.rows", "--dataset-rows", 1, 1099511627776.0, "rows", "Rows in the dataset", kJobPlan,
+              [](T& s, const F& f, const J& v, const S& n) { s.dataset.rows = field_int(f, v, n); }),
+      integer("dataset.mean_tokens_per_row", "--mean-tokens-per-row", 1, kMaxTokens, "tokens",
+              "Mean tokens per row (default: the sequence length)", kJobPlan,
+              [](T& s, const F& f, const J& v, const S& n) { s.dataset.mean_tokens_per_row = field_int(f, v, n); }),
+      integer("dataset.tokens", "--dataset-tokens", 1, 1125899906842624.0, "tokens",
+              "Tokens in the dataset (instead of rows)", kJobPlan,
+              [](T& s, const F& f, const J& v, const S& n) { s.dataset.tokens = field_int(f, v, n); }),
+      text(FieldType::ignored, "dataset.description", "", "", "What the dataset is (free text)", kInJobFile),
+      integer("steps", "--steps", 1, 1073741824, "optimizer steps", "Optimizer steps ftexec runs", kJobExec,
+              [](T& s, const F& f, const J& v, const S& n) { s.steps = field_int(f, v, n); }),
+      number("learning_rate", "--lr", 0, 10, true, false, "", "AdamW learning rate", kJobExec,
+             [](T& s, const F& f, const J& v, const S& n) { s.learning_rate = field_number(f, v, n); }),
+      integer("seed", "--seed", 0, 4611686018427387904.0, "", "Seed of the initial weights, adapters and synthetic data",
+              kJobExec, [](T& s, const F& f, const J& v, const S& n) { s.seed = field_int(f, v, n); }),
+      text(FieldType::text, "data", "--data", "", "synthetic | PATH.jsonl (input_ids per line) | PATH.bin (uint32 tokens)",
+           kJobExec, [](T& s, const F& f, const J& v, const S& n) { s.data = field_text(f, v, n); }),
+      text(FieldType::text, "device", "--device", "", "cpu | cuda | cuda:N", kJobExec,
+           [](T& s, const F& f, const J& v, const S& n) {
+             const std::string d = field_text(f, v, n);
+             const bool cuda_n = d.rfind("cuda:", 0) == 0 && d.size() > 5 &&
+                                 d.find_first_not_of("0123456789", 5) == std::string::npos && d.size() <= 8;
+             if (d != "cpu" && d != "cuda" && !cuda_n) fail_input(n + ": '" + d + "' is not cpu, cuda or cuda:N");
+             s.device = d;
+           }),
+      text(FieldType::ignored, "description", "", "", "What the job is (free text)", kInJobFile),
+      text(FieldType::ignored, "published", "", "", "Reference measurements of the job (ignored by the estimate)",
+           kInJobFile),
+
+      // ftexec's run settings (flags only).
+      integer("", "--warmup", 0, 1048576, "steps", "Steps left out of the timings", kFtexecFlag),
+      integer("", "--threads", 0, 256, "threads", "Intra-op threads (0: all cores)", kFtexecFlag),
+      number("", "--max-grad-norm", 0, 1e6, false, false, "", "Gradient clipping by global norm (0: off)", kFtexecFlag),
+      number("", "--weight-decay", 0, 10, false, false, "", "AdamW decoupled weight decay", kFtexecFlag),
+      number("", "--cpu-memory-limit-gib", 0, 1048576, false, false, "GiB",
+             "Fail CPU tensor allocations beyond this (0: no limit)", kFtexecFlag),
+      integer("", "--nproc", 0, 256, "ranks", "Start N local ranks (0: none; under torchrun/srun/mpirun leave it out)",
+              kFtexecFlag),
+      number("", "--timeout-s", 0, 604800, true, false, "s", "Collective and rendezvous timeout", kFtexecFlag),
+      integer("", "--checkpoint-every", 0, 1073741824, "steps",
+              "Steps between checkpoints (0: one at the end, with --checkpoint-dir)", kFtexecFlag),
+      number("", "--bucket-mb", 0, 65536, true, false, "MiB", "DDP gradient bucket size", kFtexecFlag),
+      number("", "--zero-bucket-elements", 1, 1099511627776.0, false, false, "elements", "ZeRO-1/2 reduce bucket",
+             kFtexecFlag),
+      integer("", "--shard-group-size", 0, 1048576, "ranks",
+              "fsdp_hybrid: ranks per shard group (0: gpus_per_node of the --gpu hwdb entry)", kFtexecFlag),
+
+      // ftplan check and sweep: the limits a plan is judged against.
+      number("", "--max-hours", 0, 1e9, true, false, "hours", "Longest acceptable job", kCheckFlag | kSweepFlag),
+      number("", "--max-cost", 0, 1e15, true, false, "USD", "Highest acceptable job cost", kCheckFlag | kSweepFlag),
+      number("", "--max-memory-fraction", 0, 1, true, false, "fraction of GPU memory",
+             "Largest acceptable share of GPU memory", kCheckFlag),
+  };
+  return table;
+}
+
+const Row& row_where(bool by_key, const std::string& name) {
+  for (const Row& r : rows())
+    if (name == (by_key ? r.spec.key : r.spec.flag) && !name.empty()) return r;
+  throw std::logic_error("job_fields: no field " + name);
+}
+
+// Whole numbers in full ("1048576"), others as %g ("1e-04", "0.9").
+std::string number_text(double v) {
+  if (std::floor(v) == v && std::fabs(v) < 1e15) return std::to_string(static_cast<int64_t>(v));
+  std::ostringstream out;
+  out << v;
+  return out.str();
+}
+
+[[noreturn]] void fail_range(const FieldSpec& f, const std::string& name, const std::string& value) {
+  fail_input(name + ": " + value + " is out of range " + field_range_text(f));
+}
+
+}  // namespace
+
+const std::vector<FieldSpec>& field_table() {
+  static const std::vector<FieldSpec> specs = [] {
+    std::vector<FieldSpec> v;
+    for (const Row& r : rows()) v.push_back(r.spec);
+    return v;
+  }();
+  return specs;
+}
+
+const FieldSpec& field_by_key(const std::string& key) { return row_where(true, key).spec; }
+const FieldSpec& field_by_flag(const std::string& flag) { return row_where(false, flag).spec; }
+
+std::string field_range_text(const FieldSpec& f) {
+  if (f.type == FieldType::choice) return f.choices;
+  if (f.type != FieldType::integer && f.type != FieldType::number) return "";
+  std::string r = std::string(f.min_open ? "(" : "[") + number_text(f.min) + ", " + number_text(f.max) +
+                  (f.max_open ? ")" : "]");
+  if (*f.unit) r += std::string(" ") + f.unit;
+  return r;
+}
+
+int64_t field_int(const FieldSpec& f, const nlohmann::json& v, const std::string& name) {
+  double x = 0;
+  if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
+    fail_range(f, name, v.dump());
+  } else if (v.is_number_integer()) {
+    x = static_cast<double>(v.get<int64_t>());
+  } else if (v.is_number_float() && std::isfinite(v.get<double>()) && std::floor(v.get<double>()) == v.get<double>()) {
+    x = v.get<double>();
+  } else {
+    fail_input(name + ": expected a whole number, got " + v.dump());
+  }
+  if (x < f.min || x > f.max) fail_range(f, name, v.dump());
+  return v.is_number_integer() ? v.get<int64_t>() : static_cast<int64_t>(x);
+}
+
+double field_number(const FieldSpec& f, const nlohmann::json& v, const std::string& name) {
+  if (!v.is_number()) fail_input(name + ": expected a number, got " + v.dump());
+  const double x = v.get<double>();
+  if (!std::isfinite(x)) fail_input(name + ": " + v.dump() + " is not a finite number");
+  const bool low = f.min_open ? x <= f.min : x < f.min;
+  const bool high = f.max_open ? x >= f.max : x > f.max;
+  if (low || high) fail_range(f, name, number_text(x));
+  return x;
+}
+
+std::string field_text(const FieldSpec&, const nlohmann::json& v, const std::string& name) {
+  if (!v.is_string()) fail_input(name + ": expected a string, got " + v.dump());
+  std::string s = v.get<std::string>();
+  if (s.empty()) fail_input(name + ": empty");
+  return s;
+}
+
+bool field_bool(const FieldSpec&, const nlohmann::json& v, const std::string& name) {
+  if (!v.is_boolean()) fail_input(name + ": expected true or false, got " + v.dump());
+  return v.get<bool>();
+}
+
+nlohmann::json field_value_from_text(const FieldSpec& f, const std::string& text, const std::string& name) {
+  switch (f.type) {
+    case FieldType::integer:
+    case FieldType::number: {
+      if (text.empty()) fail_input(name + ": empty");
+      const char* begin = text.data();
+      const char* end = begin + text.size();
+      int64_t i = 0;
+      const auto [ptr, ec] = std::from_chars(begin + (text[0] == '+' ? 1 : 0), end, i);
+      if (ec == std::errc() && ptr == end) return i;
+      // Not a plain integer: a decimal number, read whole (no trailing characters), finite.
+      errno = 0;
+      char* stop = nullptr;
+      const double x = std::strtod(begin, &stop);
+      if (stop != end || text.find_first_of("nNiIxX") != std::string::npos)
+        fail_input(name + ": '" + text + "' is not a number");
+      if (errno == ERANGE || !std::isfinite(x))
+        fail_input(name + ": '" + text + "' is out of range " + field_range_text(f));
+      return x;
+    }
+    case FieldType::boolean:
+      if (text == "true" || text == "1") return true;
+      if (text == "false" || text == "0") return false;
+      fail_input(name + ": '" + text + "' is not true or false");
+    default:
+      return text;
+  }
+}
+
+void apply_job_field(TrainingSetup& setup, const FieldSpec& f, const nlohmann::json& value, const std::string& name) {
+  const Row& r = row_where(true, f.key);
+  if (r.apply) r.apply(setup, f, value, name);
+}
+
+void validate_job(const TrainingSetup& s, const ModelSpec& model, const std::string& where) {
+  std::vector<std::string> problems;
+  if (s.method != Method::full && s.lora.rank > model.hidden_size)
+    problems.push_back("--lora-rank (lora.rank): " + std::to_string(s.lora.rank) + " exceeds hidden_size " +
+                       std::to_string(model.hidden_size));
+  // Tokens per micro-batch beyond 2^32 would overflow the byte counts: absurd.
+  if (static_cast<double>(s.micro_batch.value_or(1)) * s.seq_len > 4294967296.0)
+    problems.push_back("--micro-batch (micro_batch) " + std::to_string(s.micro_batch.value_or(1)) + " x --seq-len (seq_len) " +
+                       std::to_string(s.seq_len) + " tokens per micro-batch is absurd (limit 2^32)");
+  const bool pipeline = s.strategy && (*s.strategy == Strategy::mp || *s.strategy == Strategy::pipeline_gpipe ||
+                                       *s.strategy == Strategy::pipeline_1f1b);
+  if (pipeline && s.num_gpus > model.num_layers)
+    problems.push_back("--gpus (gpus) " + std::to_string(s.num_gpus) + " > num_hidden_layers " +
+                       std::to_string(model.num_layers) + ": " + to_string(*s.strategy) +
+                       " needs at least one layer per stage");
+  if (s.dataset.mean_tokens_per_row > 0 && s.dataset.tokens > 0)
+    problems.push_back("--mean-tokens-per-row (dataset.mean_tokens_per_row) and --dataset-tokens (dataset.tokens): "
+                       "give rows with their mean length, or tokens, not both");
+  if (problems.empty()) return;
+  std::string msg = where.empty() ? "" : where + ": ";
+  for (size_t i = 0; i < problems.size(); ++i) msg += (i ? "; " : "") + problems[i];
+  fail_input(msg);
+}
+
+std::vector<std::string> exec_problems(const TrainingSetup& s, const ModelSpec& model) {
+  std::vector<std::string> problems;
+  if (s.precision == Precision::mixed_fp32_grads)
+    problems.push_back("--precision (precision) mixed-fp32-grads: ftexec runs fp32, bf16 and mixed");
+  if (s.optimizer != Optimizer::adamw)
+    problems.push_back("--optimizer (optimizer) " + to_string(s.optimizer) + ": ftexec implements adamw only");
+  if (s.paged_optimizer) problems.push_back("--paged-optimizer (paged_optimizer): ftexec has no paged optimizer");
+  if (model.max_position_embeddings > 0 && s.seq_len > model.max_position_embeddings && model.rope_scaling.type.empty())
+    problems.push_back("--seq-len (seq_len) " + std::to_string(s.seq_len) + " exceeds the model's max_position_embeddings (" +
+                       std::to_string(model.max_position_embeddings) + ")");
+  return problems;
+}
+
+}  // namespace ftplan
