@@ -1,10 +1,32 @@
 #include "cli/field_flags.h"
 
+#include "planner/errors.h"
+
 namespace ftplan::cli {
 
 bool FieldFlags::has(const std::string& flag) const {
   auto it = given.find(flag);
   return it != given.end() && it->second.has_value();
+}
+
+void FieldFlags::validate() const {
+  for (const auto& [flag, text] : given) {
+    if (!text) continue;
+    const FieldSpec& f = field_by_flag(flag);
+    const nlohmann::json v = field_value_from_text(f, *text, flag);
+    switch (f.type) {
+      case FieldType::integer: field_int(f, v, flag); break;
+      case FieldType::number: field_number(f, v, flag); break;
+      case FieldType::boolean: field_bool(f, v, flag); break;
+      case FieldType::choice: {
+        const std::string value = field_text(f, v, flag), choices = std::string("|") + f.choices + "|";
+        if (choices.find("|" + value + "|") == std::string::npos)
+          fail_input(flag + ": '" + value + "' is not one of " + f.choices);
+        break;
+      }
+      default: field_text(f, v, flag); break;
+    }
+  }
 }
 
 std::optional<int64_t> FieldFlags::get_int(const std::string& flag) const {

@@ -20,6 +20,9 @@ struct FieldFlags {
   std::map<std::string, std::optional<std::string>> given;  // flag -> text as typed (bound storage)
 
   bool has(const std::string& flag) const;
+  // Parses and range-checks every given flag (choices too), so that a bad value is reported before
+  // any whole-job check: call first.
+  void validate() const;
   // A given flag parsed and checked against its row of the table; nullopt when it was not given.
   std::optional<int64_t> get_int(const std::string& flag) const;
   std::optional<double> get_number(const std::string& flag) const;

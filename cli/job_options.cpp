@@ -16,6 +16,7 @@ void add_job_options(CLI::App& app, JobOptions& o) {
 }
 
 LoadedJob load_job(const JobOptions& o) {
+  o.flags.validate();
   TrainingSetup s;
   bool alpha_in_file = false;
   if (!o.job_file.empty()) {

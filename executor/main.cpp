@@ -86,6 +86,7 @@ std::vector<std::string> rank_args(int argc, char** argv) {
 
 int run_run(const RunOptions& o) {
   const auto& f = o.flags;
+  f.validate();
   // Every output is checked before any work: a bad path is reported now, not after the run.
   if (!o.out.empty()) ftplan::check_output_path(o.out, "--out");
   if (!o.save.empty()) ftplan::check_output_dir(o.save, "--save");
@@ -130,7 +131,9 @@ int run_run(const RunOptions& o) {
   const int nproc = static_cast<int>(f.get_int("--nproc").value_or(0));
 
   const bool launcher = nproc > 1 && !std::getenv("RANK");
-  const ftexec::DistEnv env = launcher ? ftexec::DistEnv{} : ftexec::dist_env_from_environment();
+  ftexec::DistEnv env = launcher ? ftexec::DistEnv{} : ftexec::dist_env_from_environment();
+  // One process of its own (a strategy run on one rank): its store needs a port no other run holds.
+  if (!launcher && env.source == "none") env.master_port = ftexec::free_tcp_port();
   const int world = launcher ? nproc : env.world;
   if (plan && plan->contains("candidate") && (*plan)["candidate"].contains("gpus") &&
       (*plan)["candidate"]["gpus"].get<int64_t>() != world && (world > 1 || *job.setup.strategy != ftplan::Strategy::single))

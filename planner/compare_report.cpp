@@ -16,7 +16,8 @@ bool has_number(const nlohmann::json& j, const char* key) { return j.is_object()
 
 void add_row(nlohmann::json& rows, const std::string& figure, const std::string& unit, double predicted, double measured) {
   nlohmann::json row = {{"figure", figure}, {"unit", unit}, {"predicted", predicted}, {"measured", measured}};
-  row["error_pct"] = predicted != 0.0 ? nlohmann::json(100.0 * (measured - predicted) / predicted) : nlohmann::json(nullptr);
+  const double error = 100.0 * (measured - predicted) / predicted;
+  row["error_pct"] = predicted != 0.0 && std::isfinite(error) ? nlohmann::json(error) : nlohmann::json(nullptr);
   rows.push_back(row);
 }
 
@@ -182,7 +183,7 @@ nlohmann::json compare_json(const nlohmann::json& plan, const nlohmann::json& me
     for (const auto& n : measured["notes"]) notes.push_back("ftexec: " + (n.is_string() ? n.get<std::string>() : n.dump()));
   if (measured.contains("device") && measured["device"].is_string())
     notes.push_back("measured on " + measured["device"].get<std::string>() +
-                    (measured.contains("torch_version") ? " with libtorch " + measured["torch_version"].get<std::string>() : ""));
+                    (measured.contains("torch_version") ? " with libtorch " + show(measured["torch_version"]) : ""));
   return {{"rows", rows}, {"notes", notes}, {"differences", differences}};
 }
 

@@ -170,7 +170,7 @@ const Row& row_where(bool by_key, const std::string& name) {
 
 // Whole numbers in full ("1048576"), others as %g ("1e-04", "0.9").
 std::string number_text(double v) {
-  if (std::floor(v) == v && std::fabs(v) < 1e15) return std::to_string(static_cast<int64_t>(v));
+  if (std::floor(v) == v && std::fabs(v) < 9007199254740992.0) return std::to_string(static_cast<int64_t>(v));
   std::ostringstream out;
   out << v;
   return out.str();

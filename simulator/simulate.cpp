@@ -7,14 +7,14 @@
 
 namespace ftplan::sim {
 
-namespace {
-
-StepSimulation simulate_exactly(const StepInputs& inputs) {
+StepSimulation simulate_step_exactly(const StepInputs& inputs) {
   StepSimulation sim;
   sim.graph = build_step_graph(inputs);
   sim.schedule = schedule_run(sim.graph);
   return sim;
 }
+
+namespace {
 
 StepInputs with_micro_batches(StepInputs in, int m) {
   in.micro_batches = m;
@@ -36,13 +36,13 @@ StepSimulation simulate_step(const StepInputs& inputs) {
                std::to_string(kMaxSimulatedOps) + "): too large to simulate; `ftplan plan` gives its closed form");
   };
   if (16 * static_cast<int64_t>(inputs.layers.size()) > kMaxSimulatedOps) refuse(16 * static_cast<int64_t>(inputs.layers.size()));
-  if (m <= 2) return simulate_exactly(inputs);
+  if (m <= 2) return simulate_step_exactly(inputs);
   // Ops of one and two micro-batches give the cost of each further one.
   const int64_t ops1 = static_cast<int64_t>(graph_op_count(build_step_graph(with_micro_batches(inputs, 1))));
   if (ops1 > kMaxSimulatedOps) refuse(ops1);
   const int64_t ops2 = static_cast<int64_t>(graph_op_count(build_step_graph(with_micro_batches(inputs, 2))));
   const int64_t per_mb = std::max<int64_t>(1, ops2 - ops1);
-  if (ops1 + (m - 1) * per_mb <= kMaxSimulatedOps) return simulate_exactly(inputs);
+  if (ops1 + (m - 1) * per_mb <= kMaxSimulatedOps) return simulate_step_exactly(inputs);
   // The largest count that fits, at least two full pipeline fills past the warm-up.
   const int fit = static_cast<int>(std::min<int64_t>(m, 1 + (kMaxSimulatedOps - ops1) / per_mb));
   const int floor_m = strategy_is_pipeline(inputs.strategy) ? 2 * inputs.num_gpus + 1 : 3;
@@ -51,8 +51,8 @@ StepSimulation simulate_step(const StepInputs& inputs) {
                std::to_string(ops1 + (m - 1) * per_mb) + " ops and not even " + std::to_string(floor_m) +
                " micro-batches fit the limit of " + std::to_string(kMaxSimulatedOps) +
                " ops; `ftplan plan` gives its closed form");
-  const StepSimulation before = simulate_exactly(with_micro_batches(inputs, fit - 1));
-  StepSimulation sim = simulate_exactly(with_micro_batches(inputs, fit));
+  const StepSimulation before = simulate_step_exactly(with_micro_batches(inputs, fit - 1));
+  StepSimulation sim = simulate_step_exactly(with_micro_batches(inputs, fit));
   const double steps = static_cast<double>(m - fit);
   Schedule& s = sim.schedule;
   s.step_time_s = extend(before.schedule.step_time_s, s.step_time_s, steps);

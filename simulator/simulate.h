@@ -35,6 +35,8 @@ struct StepSimulation {
 
 // build_step_graph (validates; InputError) then schedule_run, coarsened beyond kMaxSimulatedOps.
 StepSimulation simulate_step(const StepInputs& inputs);
+// The reference path: every micro-batch simulated, no cost guard (tests compare the two).
+StepSimulation simulate_step_exactly(const StepInputs& inputs);
 
 // {"strategy", "simulated_ranks", "represented_ranks", "ops", "step_time_s", "coarsened" (null, or
 //  {"micro_batches", "simulated_micro_batches", "note"}),

@@ -108,3 +108,31 @@ TEST_CASE("compare shows the offloaded host memory beside the planner's", "[comp
   CHECK(row(c, "host memory per rank (offload)")["measured"] == 4400.0);  // the most loaded rank
   CHECK_THAT(row(c, "host memory per rank (offload)")["error_pct"].get<double>(), WithinAbs(10.0, 1e-9));
 }
+
+TEST_CASE("compare refuses a run of a different job, naming every field, unless forced", "[compare]") {
+  nlohmann::json plan = sample_plan(), measured = sample_measured();
+  plan["job"] = {{"model", "tiny-test"}, {"method", "full"}, {"seq_len", 128}, {"grad_accum", 1}, {"precision", "fp32"}};
+  measured["job"] = plan["job"];
+  CHECK(ftplan::job_differences(plan, measured).empty());
+  CHECK_NOTHROW(ftplan::compare_json(plan, measured));
+
+  measured["job"]["method"] = "lora";
+  measured["job"]["seq_len"] = 256;
+  measured["candidate"]["strategy"] = "ddp";
+  measured["job"]["model"] = "llama-3-8b";
+  const auto d = ftplan::job_differences(plan, measured);
+  REQUIRE(d.size() == 4);
+  CHECK_THROWS_WITH(ftplan::compare_json(plan, measured),
+                    Contains("model: plan tiny-test") && Contains("method: plan full, measured lora") &&
+                        Contains("seq_len: plan 128, measured 256") && Contains("strategy: plan single, measured ddp") &&
+                        Contains("--force"));
+  const auto forced = ftplan::compare_json(plan, measured, true);
+  CHECK(forced["differences"].size() == 4);
+  CHECK_THAT(forced["notes"][0].get<std::string>(), Contains("although the run differs"));
+
+  // The same model named two ways (short name, config path) is the same model.
+  measured = sample_measured();
+  measured["job"] = plan["job"];
+  measured["job"]["model"] = std::string(FTPLAN_SOURCE_DIR) + "/configs/models/tiny-test.json";
+  CHECK(ftplan::job_differences(plan, measured).empty());
+}
