@@ -12,6 +12,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "executor/checkpoint.h"
 #include "executor/dist_run.h"
 #include "executor/exec_job.h"
 #include "executor/launch.h"
@@ -35,6 +36,7 @@ struct RunOptions {
   std::string save, load_weights;
   bool no_progress = false;
   int nproc = 0;                  // local ranks to start; 0: none (single device, or under torchrun/srun/mpirun)
+  std::optional<int64_t> keep_last;  // --keep-last N, e.g. 3 (N >= 1); absent: keep every checkpoint
   ftexec::DistOptions dist;
 };
 
@@ -75,8 +77,11 @@ void setup_run(CLI::App& app, RunOptions& o) {
   run->add_option("--timeout-s", o.dist.timeout_s, "collective and rendezvous timeout in seconds")->capture_default_str();
   run->add_option("--fault-inject", o.dist.fault_inject, "debug: RANK:STEP:kill|hang|exit|throw[,...]");
   run->add_option("--checkpoint-dir", o.dist.checkpoint_dir, "write sharded checkpoints to DIR (distributed runs)");
-  run->add_option("--checkpoint-every", o.dist.checkpoint_every, "steps between checkpoints")->capture_default_str();
-  run->add_flag("--resume", o.dist.resume, "continue from the last complete checkpoint in --checkpoint-dir");
+  run->add_option("--checkpoint-every", o.dist.checkpoint_every, "steps between checkpoints (0: one at the end)")
+      ->capture_default_str();
+  run->add_option("--keep-last", o.keep_last, "keep the newest N complete checkpoints, remove older ones (default: all)");
+  run->add_flag("--resume", o.dist.resume,
+                "continue from the newest complete checkpoint in --checkpoint-dir (its manifest and checksums verified)");
   run->add_option("--bucket-mb", o.dist.ddp_bucket_mb, "DDP gradient bucket size in MiB")->capture_default_str();
   run->add_option("--zero-bucket-elements", o.dist.zero_bucket_elements, "ZeRO-1/2 reduce bucket in elements")
       ->capture_default_str();
@@ -145,6 +150,25 @@ int run_run(const RunOptions& o) {
   job.load_weights = o.load_weights;
   job.progress = !o.no_progress;
 
+  // The checkpoint flags, all problems at once.
+  std::vector<std::string> problems;
+  if (o.keep_last && *o.keep_last < 1)
+    problems.push_back("--keep-last " + std::to_string(*o.keep_last) +
+                       ": must be at least 1 (complete checkpoints to keep; leave it out to keep all)");
+  if (o.dist.checkpoint_every < 0)
+    problems.push_back("--checkpoint-every " + std::to_string(o.dist.checkpoint_every) + ": must be at least 0");
+  if (o.dist.checkpoint_dir.empty()) {
+    if (o.dist.resume) problems.push_back("--resume needs --checkpoint-dir");
+    if (o.keep_last) problems.push_back("--keep-last needs --checkpoint-dir");
+  }
+  if (!problems.empty()) {
+    std::string msg;
+    for (size_t i = 0; i < problems.size(); ++i) msg += (i ? "; " : "") + problems[i];
+    ftplan::fail_input(msg);
+  }
+  ftexec::DistOptions dist = o.dist;
+  dist.keep_last = o.keep_last.value_or(0);
+
   const bool launcher = o.nproc > 1 && !std::getenv("RANK");
   const ftexec::DistEnv env = launcher ? ftexec::DistEnv{} : ftexec::dist_env_from_environment();
   const int world = launcher ? o.nproc : env.world;
@@ -158,6 +182,9 @@ int run_run(const RunOptions& o) {
     if (*job.setup.strategy == ftplan::Strategy::single)
       ftplan::fail_input("--nproc " + std::to_string(o.nproc) + " needs a distributed strategy (--strategy ddp, zero1, "
                          "zero2, zero3, fsdp, mp or pipeline, or a plan for several GPUs)");
+    // Checked once here (the ranks check again, each on its own files): a missing checkpoint or a
+    // DIR that holds another run's is one line before any rank starts.
+    if (!o.dist.checkpoint_dir.empty()) ftexec::checkpoint_preflight(o.dist.checkpoint_dir, o.dist.resume);
     ftexec::LaunchOptions lo;
     lo.nproc = o.nproc;
     lo.timeout_s = o.dist.timeout_s;
@@ -166,12 +193,12 @@ int run_run(const RunOptions& o) {
   const bool distributed = env.world > 1 || *job.setup.strategy != ftplan::Strategy::single;
   nlohmann::json measured;
   if (distributed) {
-    if (o.dist.resume && o.dist.checkpoint_dir.empty()) ftplan::fail_input("--resume needs --checkpoint-dir");
-    measured = ftexec::run_rank(job, env, o.dist);
+    measured = ftexec::run_rank(job, env, dist);
     if (env.rank != 0) return 0;
   } else {
-    if (o.dist.resume || !o.dist.checkpoint_dir.empty() || !o.dist.fault_inject.empty())
-      ftplan::fail_input("--checkpoint-dir, --resume and --fault-inject apply to distributed runs (a strategy other than single)");
+    if (o.dist.resume || !o.dist.checkpoint_dir.empty() || !o.dist.fault_inject.empty() || o.keep_last)
+      ftplan::fail_input("--checkpoint-dir, --resume, --keep-last and --fault-inject apply to distributed runs (a strategy "
+                         "other than single)");
     measured = ftexec::run_job(job);
   }
   if (!o.out.empty()) ftplan::write_file_atomically(o.out, measured.dump(2) + "\n");
@@ -214,7 +241,11 @@ int main(int argc, char** argv) {
     std::cerr << "ftexec: error: " << e.what() << "\n";
     return finish(2);
   } catch (const ftplan::InputError& e) {
-    std::cerr << "ftexec: error: " << e.what() << "\n";
+    // Every rank throws the same AgreedInputError; the ranks of `--nproc` share one stderr, so one
+    // line is enough: rank 0's.
+    const char* r = std::getenv("RANK");
+    const bool shared_stderr = std::getenv("FTEXEC_LAUNCHER") && r && std::string(r) != "0";
+    if (!(shared_stderr && dynamic_cast<const ftexec::AgreedInputError*>(&e))) std::cerr << "ftexec: error: " << e.what() << "\n";
     return finish(2);
   } catch (const ftexec::RuntimeFailure& e) {
     std::cerr << "ftexec: failed: " << e.what() << "\n";

@@ -1,5 +1,7 @@
-// Checkpoint manifests, their verification on --resume, and --keep-last ([checkpoint]): checkpoint
-// folders built by hand (no ranks).
+// Checkpoint manifests, their verification on --resume, and --keep-last ([checkpoint]). The first
+// tests build checkpoint folders by hand (no ranks); the [dist] ones run `ftexec run --nproc 2` on
+// the tiny config and share one checkpoint run (ZeRO-3, a checkpoint every step, --keep-last 2,
+// stopped at step 6) between every case, each on its own copy of the folder.
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -132,3 +134,143 @@ TEST_CASE("a manifest names each differing field, and each file whose size or CR
   CHECK_THAT(ftexec::checkpoint_file_problem(manifest, dir.path.string(), "rank-1.safetensors"), Contains("not listed"));
 }
 
+namespace {
+
+// The run every [dist][checkpoint] case below shares: ZeRO-3 on 2 ranks, 6 steps.
+std::string job(const std::string& strategy = "zero3") {
+  return ftexec_test::tiny_job(32, 2, 1, 6) + " --lr 3e-3 --strategy " + strategy + " --nproc 2 --timeout-s 30";
+}
+const std::string kJob = job();
+
+struct SharedRuns {
+  ScratchDir dir{"ckpt_shared"};
+  std::vector<double> losses;  // the uninterrupted run
+  std::string checkpoints;     // stopped before step 6: checkpoints of steps 1..5, the newest 2 kept
+  std::string stopped_output;
+};
+
+const SharedRuns& shared_runs() {
+  static SharedRuns r;
+  if (r.losses.empty()) {
+    const auto full = run_ftexec(kJob + " --out " + r.dir / "full.json");
+    INFO(full.output);
+    REQUIRE(full.exit_code == 0);
+    r.checkpoints = r.dir / "ck";
+    const auto stopped = run_ftexec(kJob + " --checkpoint-dir " + r.checkpoints +
+                                    " --checkpoint-every 1 --keep-last 2 --fault-inject 0:6:kill");
+    r.stopped_output = stopped.output;
+    r.losses = ftplan::read_json_file(r.dir / "full.json")["loss"].get<std::vector<double>>();
+  }
+  return r;
+}
+
+// A copy of the shared checkpoints to damage, and the resume of it.
+std::string copy_of_checkpoints(const ScratchDir& dir) {
+  const std::string to = dir / "ck";
+  fs::copy(shared_runs().checkpoints, to, fs::copy_options::recursive);
+  return to;
+}
+
+ftexec_test::RunResult resume(const std::string& ck, const std::string& strategy = "zero3", const std::string& out = "") {
+  return run_ftexec(job(strategy) + " --checkpoint-dir " + ck + " --resume" + (out.empty() ? "" : " --out " + out));
+}
+
+}  // namespace
+
+TEST_CASE("--keep-last 2 leaves the newest two checkpoints, and resuming gives the identical loss", "[dist][checkpoint]") {
+  const auto& runs = shared_runs();
+  INFO(runs.stopped_output);
+  REQUIRE(runs.losses.size() == 6);
+  CHECK(step_folders(runs.checkpoints) == std::vector<std::string>{"step-4", "step-5"});
+  CHECK(read_bytes(runs.checkpoints + "/latest") == "step-5\n");
+  const auto manifest = ftplan::read_json_file(runs.checkpoints + "/step-5/manifest.json");
+  CHECK(manifest["world_size"] == 2);
+  CHECK(manifest["layout"]["strategy"] == "zero3");
+  CHECK(manifest["files"].size() == 4);  // each rank's safetensors and state JSON
+  CHECK(manifest["files"]["rank-1.safetensors"]["bytes"] == fs::file_size(runs.checkpoints + "/step-5/rank-1.safetensors"));
+
+  ScratchDir dir("ckpt_keep");
+  const auto r = resume(copy_of_checkpoints(dir), "zero3", dir / "resumed.json");
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  const auto m = ftplan::read_json_file(dir / "resumed.json");
+  CHECK(m["first_step"] == 5);
+  REQUIRE(m["loss"].size() == 1);
+  CHECK(m["loss"][0].get<double>() == runs.losses[5]);  // bit for bit
+}
+
+TEST_CASE("an incomplete newest checkpoint (no manifest) is skipped: resume from the one before, saying so", "[dist][checkpoint]") {
+  const auto& runs = shared_runs();
+  ScratchDir dir("ckpt_incomplete");
+  const std::string ck = copy_of_checkpoints(dir);
+  fs::remove(ck + "/step-5/manifest.json");
+  const auto r = resume(ck, "zero3", dir / "resumed.json");
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK_THAT(r.output, Contains("step-5 is incomplete") && Contains("resuming from " + ck + "/step-4"));
+  const auto m = ftplan::read_json_file(dir / "resumed.json");
+  CHECK(m["first_step"] == 4);
+  REQUIRE(m["loss"].size() == 2);
+  CHECK(m["loss"][0].get<double>() == runs.losses[4]);
+  CHECK(m["loss"][1].get<double>() == runs.losses[5]);
+}
+
+TEST_CASE("a damaged or foreign checkpoint ends --resume on every rank with one line naming it (exit 2)", "[dist][checkpoint]") {
+  ScratchDir dir("ckpt_damaged");
+  const std::string ck = copy_of_checkpoints(dir);
+  const std::string shard0 = ck + "/step-5/rank-0.safetensors", shard1 = ck + "/step-5/rank-1.safetensors";
+  std::string strategy = "zero3", names, what;
+  SECTION("one flipped byte in rank 1's shard") {
+    std::string bytes = read_bytes(shard1);
+    bytes[bytes.size() / 2] ^= 0x10;
+    write_bytes(shard1, bytes);
+    names = shard1, what = "crc32";
+  }
+  SECTION("rank 0's and rank 1's ZeRO-3 shards swapped") {
+    fs::rename(shard0, ck + "/tmp"), fs::rename(shard1, shard0), fs::rename(ck + "/tmp", shard1);
+    names = shard0, what = "(it is the manifest's rank-1.safetensors: files swapped";  // the lowest failing rank's
+  }
+  SECTION("a truncated shard") {
+    const std::string bytes = read_bytes(shard0);
+    write_bytes(shard0, bytes.substr(0, bytes.size() - 100));
+    names = shard0, what = "bytes != manifest";
+  }
+  SECTION("a manifest from another world size") {
+    auto m = ftplan::read_json_file(ck + "/step-5/manifest.json");
+    m["world_size"] = 4;
+    write_bytes(ck + "/step-5/manifest.json", m.dump(1));
+    names = "manifest.json", what = "world_size: checkpoint 4, this run 2";
+  }
+  SECTION("resumed with another strategy") {
+    strategy = "fsdp";
+    names = "manifest.json", what = "strategy: checkpoint \"zero3\", this run \"fsdp\"";
+  }
+  CAPTURE(names, what);
+  const auto r = resume(ck, strategy);
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK(r.seconds < 20);  // every rank ends at once, none waits for the timeout (30 s)
+  CHECK(lines_with(r.output, "ftexec: error:") == 1);
+  CHECK(lines_with(r.output, names) == 1);
+  CHECK_THAT(r.output, Contains("ftexec: error: --resume: ") && Contains(what));
+}
+
+TEST_CASE("checkpoint flags are checked before any rank starts", "[dist][checkpoint]") {
+  ScratchDir dir("ckpt_flags");
+  for (const char* n : {"0", "-1"}) {
+    const auto r = run_ftexec(kJob + " --checkpoint-dir " + dir / "ck" + " --keep-last " + n);
+    INFO(r.output);
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.output, Contains(std::string("--keep-last ") + n + ": must be at least 1"));
+  }
+  const auto no_dir = run_ftexec(kJob + " --keep-last 2");
+  CHECK(no_dir.exit_code == 2);
+  CHECK_THAT(no_dir.output, Contains("--keep-last needs --checkpoint-dir"));
+  // A fresh run into a directory holding another run's checkpoints would mix them (and --keep-last
+  // would remove that run's weights).
+  const auto fresh = run_ftexec(kJob + " --checkpoint-dir " + copy_of_checkpoints(dir));
+  INFO(fresh.output);
+  CHECK(fresh.exit_code == 2);
+  CHECK_THAT(fresh.output, Contains("already holds the checkpoints of a run") && Contains("add --resume"));
+  CHECK(lines_with(fresh.output, "ftexec: error:") == 1);
+}
