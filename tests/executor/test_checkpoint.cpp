@@ -219,33 +219,32 @@ TEST_CASE("a damaged or foreign checkpoint ends --resume on every rank with one 
   ScratchDir dir("ckpt_damaged");
   const std::string ck = copy_of_checkpoints(dir);
   const std::string shard0 = ck + "/step-5/rank-0.safetensors", shard1 = ck + "/step-5/rank-1.safetensors";
+  // (One GENERATE row per damage, not a SECTION each: the checks follow the damage.)
+  const std::string damage = GENERATE(as<std::string>{}, "flipped byte", "swapped shards", "truncated shard",
+                                      "world size", "strategy");
   std::string strategy = "zero3", names, what;
-  SECTION("one flipped byte in rank 1's shard") {
+  if (damage == "flipped byte") {  // one bit of one byte in rank 1's shard
     std::string bytes = read_bytes(shard1);
     bytes[bytes.size() / 2] ^= 0x10;
     write_bytes(shard1, bytes);
     names = shard1, what = "crc32";
-  }
-  SECTION("rank 0's and rank 1's ZeRO-3 shards swapped") {
+  } else if (damage == "swapped shards") {  // rank 0's and rank 1's ZeRO-3 shards
     fs::rename(shard0, ck + "/tmp"), fs::rename(shard1, shard0), fs::rename(ck + "/tmp", shard1);
     names = shard0, what = "(it is the manifest's rank-1.safetensors: files swapped";  // the lowest failing rank's
-  }
-  SECTION("a truncated shard") {
+  } else if (damage == "truncated shard") {
     const std::string bytes = read_bytes(shard0);
     write_bytes(shard0, bytes.substr(0, bytes.size() - 100));
     names = shard0, what = "bytes != manifest";
-  }
-  SECTION("a manifest from another world size") {
+  } else if (damage == "world size") {  // a manifest from another world size
     auto m = ftplan::read_json_file(ck + "/step-5/manifest.json");
     m["world_size"] = 4;
     write_bytes(ck + "/step-5/manifest.json", m.dump(1));
     names = "manifest.json", what = "world_size: checkpoint 4, this run 2";
-  }
-  SECTION("resumed with another strategy") {
+  } else {  // resumed with another strategy
     strategy = "fsdp";
     names = "manifest.json", what = "strategy: checkpoint \"zero3\", this run \"fsdp\"";
   }
-  CAPTURE(names, what);
+  CAPTURE(damage, names, what);
   const auto r = resume(ck, strategy);
   INFO(r.output);
   CHECK(r.exit_code == 2);
