@@ -221,6 +221,13 @@ Position load_checkpoint(const std::string& dir, DistStrategy& strategy, Comm& c
     if (problem.rfind("--resume", 0) != 0) problem = "--resume: " + problem;
   }
   agree_or_fail(comm, problem);
+  // Every rank chose on its own; on a file system shared between nodes they must have seen the same.
+  const double newest = comm.all_reduce_scalar(double(choice.folder.step), true);
+  const double oldest = -comm.all_reduce_scalar(-double(choice.folder.step), true);
+  if (newest != oldest)
+    throw AgreedInputError("--resume: the ranks found different newest complete checkpoints in " + dir + " (step-" +
+                           std::to_string(int64_t(oldest)) + " to step-" + std::to_string(int64_t(newest)) +
+                           "): every rank must see the same --checkpoint-dir");
   if (r == 0 && !choice.note.empty()) std::cerr << "ftexec: --resume: " << choice.note << std::endl;
   strategy.after_load();
   return pos;
