@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -13,6 +14,7 @@
 
 #include <ATen/Parallel.h>
 
+#include "executor/checkpoint.h"
 #include "executor/comm.h"
 #include "executor/lora.h"
 #include "executor/memory_meter.h"
@@ -79,63 +81,124 @@ struct Position {
   int64_t micro_batches = 0;   // drawn from the data source
 };
 
+// Ends every rank with the same AgreedInputError when any rank found a problem on its own (its
+// checkpoint files, say), and returns when none did. Each rank checks first and only then reaches
+// this one collective, so a bad shard on rank 1 never leaves rank 0 waiting in a later collective;
+// the message of the lowest failing rank is broadcast so that every rank reports that one.
+void agree_or_fail(Comm& comm, const std::string& problem) {
+  const int r = comm.rank(), n = comm.world();
+  const double first = comm.all_reduce_scalar(problem.empty() ? 0.0 : double(n - r), /*max=*/true);
+  if (first <= 0) return;
+  const int bad = n - static_cast<int>(first);
+  const double length = comm.all_reduce_scalar(r == bad ? double(problem.size()) : 0.0);
+  at::Tensor text = at::zeros({std::max<int64_t>(1, static_cast<int64_t>(length))}, at::kByte);
+  if (r == bad) std::memcpy(text.data_ptr<uint8_t>(), problem.data(), problem.size());
+  comm.broadcast(text, bad);
+  throw AgreedInputError(std::string(reinterpret_cast<const char*>(text.data_ptr<uint8_t>()), size_t(length)));
+}
+
+std::string rank_file(int r, const char* ext) { return "rank-" + std::to_string(r) + ext; }
+
+// Writes this rank's files of the checkpoint after pos.step steps; rank 0 commits it (manifest,
+// latest) once every rank's files are in place and checksummed, then rotates (--keep-last).
 void save_checkpoint(const std::string& dir, const Position& pos, DistStrategy& strategy, Comm& comm,
-                     const std::string& strategy_name) {
+                     const std::string& model, const nlohmann::json& layout, int64_t keep_last) {
   const std::string sub = "step-" + std::to_string(pos.step);
   const fs::path path = fs::path(dir) / sub;
-  fs::create_directories(path);
   const int r = comm.rank();
-  at::NoGradGuard no_grad;
-  if (!strategy.checkpoint_replicated() || r == 0) {
-    std::vector<at::Tensor> keep;
-    std::vector<SafetensorsEntry> entries;
-    for (auto& [name, t] : strategy.checkpoint_tensors()) {
-      keep.push_back(t.detach().contiguous().cpu());
-      entries.push_back(safetensors_entry(name, keep.back()));
-    }
-    write_safetensors((path / ("rank-" + std::to_string(r) + ".safetensors")).string(), entries);
-  }
-  auto gen = at::globalContext().defaultGenerator(at::kCPU);
-  at::Tensor rng;
-  {
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    rng = gen.get_state();
-  }
-  const nlohmann::json state = {{"step", pos.step},
-                                {"micro_batches", pos.micro_batches},
-                                {"optimizer_steps", strategy.optimizer_steps()},
-                                {"rng_cpu", hex_of(rng)}};
-  ftplan::write_file_atomically((path / ("rank-" + std::to_string(r) + ".json")).string(), state.dump(1) + "\n");
-  comm.barrier();  // every rank's files are in place
+  const std::string where = "rank " + std::to_string(r) + ": checkpoint " + path.string() + ": ";
+  // A folder of this step can only be left over from a run that stopped while writing it (a fresh
+  // run refuses a DIR with complete checkpoints, a resumed one continues after the newest): rank 0
+  // clears it before anyone writes, so no stale file or manifest mixes in.
   if (r == 0) {
-    const nlohmann::json manifest = {{"format", "ftexec-checkpoint/1"},
-                                     {"step", pos.step},
-                                     {"world_size", comm.world()},
-                                     {"strategy", strategy_name},
-                                     {"replicated", strategy.checkpoint_replicated()}};
-    ftplan::write_file_atomically((path / "manifest.json").string(), manifest.dump(1) + "\n");
-    ftplan::write_file_atomically((fs::path(dir) / "latest").string(), sub + "\n");
+    std::error_code ec;
+    fs::remove_all(path, ec);
+    if (ec) throw RuntimeFailure(where + "cannot clear the folder (" + ec.message() + ")");
+  }
+  comm.barrier();
+  std::map<std::string, FileDigest> mine;
+  try {
+    fs::create_directories(path);
+    at::NoGradGuard no_grad;
+    if (!strategy.checkpoint_replicated() || r == 0) {
+      std::vector<at::Tensor> keep;
+      std::vector<SafetensorsEntry> entries;
+      for (auto& [name, t] : strategy.checkpoint_tensors()) {
+        keep.push_back(t.detach().contiguous().cpu());
+        entries.push_back(safetensors_entry(name, keep.back()));
+      }
+      write_safetensors((path / rank_file(r, ".safetensors")).string(), entries);
+    }
+    auto gen = at::globalContext().defaultGenerator(at::kCPU);
+    at::Tensor rng;
+    {
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      rng = gen.get_state();
+    }
+    const nlohmann::json state = {{"step", pos.step},
+                                  {"micro_batches", pos.micro_batches},
+                                  {"optimizer_steps", strategy.optimizer_steps()},
+                                  {"rng_cpu", hex_of(rng)}};
+    write_file_durably((path / rank_file(r, ".json")).string(), state.dump(1) + "\n");
+    // Checksums of the files as they are on disk, computed by the rank that wrote them.
+    for (const char* ext : {".safetensors", ".json"})
+      if (fs::exists(path / rank_file(r, ext))) mine[rank_file(r, ext)] = file_digest((path / rank_file(r, ext)).string());
+  } catch (const std::exception& e) {
+    throw RuntimeFailure(where + e.what());
+  }
+  nlohmann::json digests = nlohmann::json::object();
+  for (const auto& [name, d] : mine) digests[name] = {d.bytes, d.crc32};
+  comm.store_set("checkpoint/" + sub + "/" + std::to_string(r), digests.dump());
+  comm.barrier();  // every rank's files are in place and their digests in the store
+  if (r == 0) {
+    std::map<std::string, FileDigest> files;
+    for (int k = 0; k < comm.world(); ++k) {
+      const auto j = nlohmann::json::parse(comm.store_get("checkpoint/" + sub + "/" + std::to_string(k)));
+      for (auto it = j.begin(); it != j.end(); ++it)
+        files[it.key()] = {(*it)[0].get<int64_t>(), (*it)[1].get<uint32_t>()};
+    }
+    try {
+      // The commit point: written last, atomically; then latest names it.
+      const auto manifest = checkpoint_manifest(pos.step, comm.world(), model, layout, files);
+      write_file_durably((path / "manifest.json").string(), manifest.dump(1) + "\n");
+      write_file_durably((fs::path(dir) / "latest").string(), sub + "\n");
+    } catch (const std::exception& e) {
+      throw RuntimeFailure(where + e.what());
+    }
+    std::vector<std::string> failed;
+    checkpoint_rotate(dir, keep_last, &failed);
+    for (const auto& f : failed) std::cerr << "ftexec: --keep-last: could not remove " << f << "\n";
   }
   comm.barrier();
 }
 
-Position load_checkpoint(const std::string& dir, DistStrategy& strategy, Comm& comm, const std::string& strategy_name) {
-  const fs::path latest = fs::path(dir) / "latest";
-  std::ifstream in(latest);
-  std::string sub;
-  if (!in || !(in >> sub)) ftplan::fail_input("--resume: no checkpoint in " + dir + " (" + latest.string() + " is missing)");
-  const fs::path path = fs::path(dir) / sub;
-  const auto manifest = ftplan::read_json_file((path / "manifest.json").string());
-  const int world = manifest.value("world_size", 0);
-  const std::string strat = manifest.value("strategy", "");
-  if (world != comm.world() || strat != strategy_name)
-    ftplan::fail_input("--resume: " + path.string() + " was written by " + strat + " on " + std::to_string(world) +
-                       " ranks; this run is " + strategy_name + " on " + std::to_string(comm.world()));
+// Chooses the checkpoint, verifies it against this run and loads this rank's part of it. Every
+// problem found on any rank becomes the same AgreedInputError on every rank before the first
+// collective that depends on the loaded state (after_load's all-gathers).
+Position load_checkpoint(const std::string& dir, DistStrategy& strategy, Comm& comm, const nlohmann::json& layout) {
   const int r = comm.rank();
-  const auto state = ftplan::read_json_file((path / ("rank-" + std::to_string(r) + ".json")).string());
   const int owner = strategy.checkpoint_replicated() ? 0 : r;
-  {
-    SafetensorsFile file((path / ("rank-" + std::to_string(owner) + ".safetensors")).string());
+  Position pos;
+  CheckpointChoice choice;
+  std::string problem;
+  try {
+    choice = checkpoint_choose(dir);
+    const std::string& path = choice.folder.path;
+    const std::string manifest_path = (fs::path(path) / "manifest.json").string();
+    const auto manifest = ftplan::read_json_file(manifest_path);
+    const auto differences = checkpoint_layout_differences(manifest, choice.folder.step, comm.world(), layout);
+    if (!differences.empty()) {
+      std::string msg;
+      for (const auto& d : differences) msg += (msg.empty() ? "" : "; ") + d;
+      ftplan::fail_input("--resume: " + manifest_path + " does not match this run: " + msg);
+    }
+    // Every file this rank reads, checked before it is parsed.
+    for (const std::string& file : {rank_file(owner, ".safetensors"), rank_file(r, ".json")}) {
+      const std::string p = checkpoint_file_problem(manifest, path, file);
+      if (!p.empty()) ftplan::fail_input("--resume: " + p);
+    }
+    const auto state = ftplan::read_json_file((fs::path(path) / rank_file(r, ".json")).string());
+    SafetensorsFile file((fs::path(path) / rank_file(owner, ".safetensors")).string());
     at::NoGradGuard no_grad;
     for (auto& [name, t] : strategy.checkpoint_tensors()) {
       const SafetensorsEntry* e = file.find(name);
@@ -146,15 +209,46 @@ Position load_checkpoint(const std::string& dir, DistStrategy& strategy, Comm& c
                            shape_to_string(t.sizes()));
       at::Tensor(t).copy_(src);
     }
+    strategy.set_optimizer_steps(state.at("optimizer_steps").get<int64_t>());
+    auto gen = at::globalContext().defaultGenerator(at::kCPU);
+    {
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      gen.set_state(bytes_of_hex(state.at("rng_cpu").get<std::string>()));
+    }
+    pos = {state.at("step").get<int64_t>(), state.at("micro_batches").get<int64_t>()};
+  } catch (const std::exception& e) {  // InputErrors; a JSON field of the wrong type; a LibTorch error
+    problem = e.what();
+    if (problem.rfind("--resume", 0) != 0) problem = "--resume: " + problem;
   }
-  strategy.set_optimizer_steps(state.at("optimizer_steps").get<int64_t>());
-  auto gen = at::globalContext().defaultGenerator(at::kCPU);
-  {
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_state(bytes_of_hex(state.at("rng_cpu").get<std::string>()));
-  }
+  agree_or_fail(comm, problem);
+  // Every rank chose on its own; on a file system shared between nodes they must have seen the same.
+  const double newest = comm.all_reduce_scalar(double(choice.folder.step), true);
+  const double oldest = -comm.all_reduce_scalar(-double(choice.folder.step), true);
+  if (newest != oldest)
+    throw AgreedInputError("--resume: the ranks found different newest complete checkpoints in " + dir + " (step-" +
+                           std::to_string(int64_t(oldest)) + " to step-" + std::to_string(int64_t(newest)) +
+                           "): every rank must see the same --checkpoint-dir");
+  if (r == 0 && !choice.note.empty()) std::cerr << "ftexec: --resume: " << choice.note << std::endl;
   strategy.after_load();
-  return {state.at("step").get<int64_t>(), state.at("micro_batches").get<int64_t>()};
+  return pos;
+}
+
+// What decides what each rank's checkpoint files hold and how a resumed run continues from them:
+// compared field by field on --resume (executor/checkpoint.h).
+nlohmann::json checkpoint_layout(const ExecJob& job, const std::string& strategy_name, const StrategyOptions& so) {
+  const auto& s = job.setup;
+  nlohmann::json layout = {{"strategy", strategy_name},
+                           {"method", ftplan::to_string(s.method)},
+                           {"precision", ftplan::to_string(s.precision)},
+                           {"micro_batch", s.micro_batch_or(1)},
+                           {"grad_accum", s.grad_accum},
+                           {"seed", s.seed},                      // the frozen weights and the data
+                           {"load_weights", job.load_weights},    // the frozen weights
+                           {"model_config_crc32", crc32_hex(ftplan::read_json_file(job.model_config_path).dump())}};
+  if (s.method != ftplan::Method::full)
+    layout["lora"] = {{"rank", s.lora.rank}, {"alpha", s.lora.alpha}, {"targets", s.lora.targets}};
+  if (so.strategy == ftplan::Strategy::fsdp_hybrid) layout["shard_group_size"] = so.shard_group_size;
+  return layout;
 }
 
 nlohmann::json comm_json(const CommStats& s, double steps, bool calls) {
@@ -252,10 +346,19 @@ nlohmann::json run_rank(const ExecJob& job, const DistEnv& env, const DistOption
     const std::string name = ftplan::to_string(strategy_kind);
 
     auto data = open_data_source(s.data, job.model.vocab_size, static_cast<uint64_t>(s.seed));
+    const nlohmann::json layout = o.checkpoint_dir.empty() ? nlohmann::json() : checkpoint_layout(job, name, so);
     if (o.resume) {
-      pos = load_checkpoint(o.checkpoint_dir, *strategy, *comm, name);
+      pos = load_checkpoint(o.checkpoint_dir, *strategy, *comm, layout);
       for (int64_t i = 0; i < pos.micro_batches; ++i) data->next(micro_batch, s.seq_len);
       first_step = pos.step;
+    } else if (!o.checkpoint_dir.empty()) {
+      std::string problem;
+      try {
+        checkpoint_preflight(o.checkpoint_dir, false);
+      } catch (const ftplan::InputError& e) {
+        problem = e.what();
+      }
+      agree_or_fail(*comm, problem);
     }
     comm->reset_stats();
     compat::cuda_synchronize();
@@ -283,8 +386,8 @@ nlohmann::json run_rank(const ExecJob& job, const DistEnv& env, const DistOption
       }
       pos.step = step + 1;
       // (The checkpoint's barriers count as control traffic, outside the per-step figures.)
-      if (!o.checkpoint_dir.empty() && o.checkpoint_every > 0 && pos.step % o.checkpoint_every == 0)
-        save_checkpoint(o.checkpoint_dir, pos, *strategy, *comm, name);
+      if (!o.checkpoint_dir.empty() && (o.checkpoint_every > 0 ? pos.step % o.checkpoint_every == 0 : pos.step == s.steps))
+        save_checkpoint(o.checkpoint_dir, pos, *strategy, *comm, s.model, layout, o.keep_last);
     }
     comm_stats = comm->stats();
     compat::cuda_synchronize();

@@ -12,8 +12,12 @@
 // Checkpoints (--checkpoint-dir DIR --checkpoint-every K): DIR/step-<S>/rank-<r>.safetensors holds
 // what rank r owns (its shards, or its stage; replicated strategies: rank 0 alone), rank-<r>.json the
 // step, optimizer step count, data position (micro-batches drawn) and RNG state; every file is
-// written to a temporary name and renamed; rank 0 writes manifest.json once every rank is done and
-// then DIR/latest. --resume continues from DIR/latest with the identical loss trajectory.
+// written to a temporary name, synced and renamed; each rank checksums its files, and rank 0 writes
+// manifest.json (sizes, CRC-32s, the layout: executor/checkpoint.h) once every rank is done, then
+// DIR/latest, then removes what --keep-last N leaves out. --resume continues from the newest complete
+// checkpoint with the identical loss trajectory, after every rank has checked the manifest against
+// this run and the size and checksum of every file it reads; a mismatch on any rank ends every rank
+// with the same one-line InputError (exit 2).
 #pragma once
 
 #include <string>
@@ -22,15 +26,24 @@
 
 #include "executor/exec_job.h"
 #include "executor/launch.h"
+#include "planner/errors.h"
 
 namespace ftexec {
+
+// Bad input that every rank found together (one rank's verdict shared by a collective), so every
+// rank throws the same message. Under ftexec's own launcher the ranks share one stderr: rank 0
+// alone prints it.
+struct AgreedInputError : ftplan::InputError {
+  using ftplan::InputError::InputError;
+};
 
 struct DistOptions {
   double timeout_s = 60;             // every collective and the rendezvous, e.g. 60
   std::string fault_inject;          // debug: "RANK:STEP:kill|hang|exit|throw", comma-separated
   std::string checkpoint_dir;        // "" for none
-  int64_t checkpoint_every = 0;      // steps between checkpoints; 0: only with --checkpoint-dir at the end
-  bool resume = false;               // continue from checkpoint_dir/latest
+  int64_t checkpoint_every = 0;      // steps between checkpoints, e.g. 100; 0: one at the end
+  bool resume = false;               // continue from the newest complete checkpoint in checkpoint_dir
+  int64_t keep_last = 0;             // complete checkpoints kept, e.g. 3; 0: all
   double ddp_bucket_mb = 25;         // DDP bucket_cap_mb
   double zero_bucket_elements = 5e8; // DeepSpeed reduce_bucket_size
   std::string backend = "auto";      // auto (nccl on CUDA, gloo on CPU) | gloo | nccl

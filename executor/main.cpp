@@ -13,6 +13,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "executor/checkpoint.h"
 #include "executor/dist_run.h"
 #include "executor/exec_job.h"
 #include "executor/launch.h"
@@ -63,7 +64,8 @@ void setup_run(CLI::App& app, RunOptions& o) {
   run->add_flag("--no-progress", o.no_progress, "no progress bar even on a terminal");
   run->add_option("--fault-inject", o.dist.fault_inject, "debug: RANK:STEP:kill|hang|exit|throw[,...]");
   run->add_option("--checkpoint-dir", o.dist.checkpoint_dir, "write sharded checkpoints to DIR (distributed runs)");
-  run->add_flag("--resume", o.dist.resume, "continue from the last complete checkpoint in --checkpoint-dir");
+  run->add_flag("--resume", o.dist.resume,
+                "continue from the newest complete checkpoint in --checkpoint-dir (its manifest and checksums verified)");
   run->add_option("--backend", o.dist.backend, "auto (nccl on CUDA, gloo on CPU) | gloo | nccl")->capture_default_str();
 }
 
@@ -130,6 +132,13 @@ int run_run(const RunOptions& o) {
   dist.shard_group_size = f.get_int("--shard-group-size").value_or(dist.shard_group_size);
   const int nproc = static_cast<int>(f.get_int("--nproc").value_or(0));
 
+  // The checkpoint flags (their ranges are the table's): what needs what.
+  if (dist.checkpoint_dir.empty()) {
+    if (dist.resume) ftplan::fail_input("--resume needs --checkpoint-dir");
+    if (f.has("--keep-last")) ftplan::fail_input("--keep-last needs --checkpoint-dir");
+  }
+  dist.keep_last = f.get_int("--keep-last").value_or(0);
+
   const bool launcher = nproc > 1 && !std::getenv("RANK");
   ftexec::DistEnv env = launcher ? ftexec::DistEnv{} : ftexec::dist_env_from_environment();
   // One process of its own (a strategy run on one rank): its store needs a port no other run holds.
@@ -145,6 +154,9 @@ int run_run(const RunOptions& o) {
     if (*job.setup.strategy == ftplan::Strategy::single)
       ftplan::fail_input("--nproc " + std::to_string(nproc) + " needs a distributed strategy (--strategy ddp, zero1, "
                          "zero2, zero3, fsdp, mp or pipeline, or a plan for several GPUs)");
+    // Checked once here (the ranks check again, each on its own files): a missing checkpoint or a
+    // DIR that holds another run's is one line before any rank starts.
+    if (!o.dist.checkpoint_dir.empty()) ftexec::checkpoint_preflight(o.dist.checkpoint_dir, o.dist.resume);
     ftexec::LaunchOptions lo;
     lo.nproc = nproc;
     lo.timeout_s = dist.timeout_s;
@@ -153,12 +165,12 @@ int run_run(const RunOptions& o) {
   const bool distributed = env.world > 1 || *job.setup.strategy != ftplan::Strategy::single;
   nlohmann::json measured;
   if (distributed) {
-    if (dist.resume && dist.checkpoint_dir.empty()) ftplan::fail_input("--resume needs --checkpoint-dir");
     measured = ftexec::run_rank(job, env, dist);
     if (env.rank != 0) return 0;
   } else {
-    if (dist.resume || !dist.checkpoint_dir.empty() || !dist.fault_inject.empty())
-      ftplan::fail_input("--checkpoint-dir, --resume and --fault-inject apply to distributed runs (a strategy other than single)");
+    if (dist.resume || !dist.checkpoint_dir.empty() || !dist.fault_inject.empty() || f.has("--keep-last"))
+      ftplan::fail_input("--checkpoint-dir, --resume, --keep-last and --fault-inject apply to distributed runs (a strategy "
+                         "other than single)");
     measured = ftexec::run_job(job);
   }
   if (!o.out.empty()) ftplan::write_output(o.out, measured.dump(2) + "\n", "--out");
@@ -202,7 +214,11 @@ int main(int argc, char** argv) {
     std::cerr << "ftexec: error: " << e.what() << "\n";
     return finish(2);
   } catch (const ftplan::InputError& e) {
-    std::cerr << "ftexec: error: " << e.what() << "\n";
+    // Every rank throws the same AgreedInputError; the ranks of `--nproc` share one stderr, so one
+    // line is enough: rank 0's.
+    const char* r = std::getenv("RANK");
+    const bool shared_stderr = std::getenv("FTEXEC_LAUNCHER") && r && std::string(r) != "0";
+    if (!(shared_stderr && dynamic_cast<const ftexec::AgreedInputError*>(&e))) std::cerr << "ftexec: error: " << e.what() << "\n";
     return finish(2);
   } catch (const ftexec::RuntimeFailure& e) {
     std::cerr << "ftexec: failed: " << e.what() << "\n";

@@ -147,6 +147,8 @@ const std::vector<Row>& rows() {
       number("", "--timeout-s", 0, 604800, true, false, "s", "Collective and rendezvous timeout", kFtexecFlag),
       integer("", "--checkpoint-every", 0, 1073741824, "steps",
               "Steps between checkpoints (0: one at the end, with --checkpoint-dir)", kFtexecFlag),
+      integer("", "--keep-last", 1, 1073741824, "checkpoints",
+              "Keep the newest N complete checkpoints, remove older ones (default: all)", kFtexecFlag),
       number("", "--bucket-mb", 0, 65536, true, false, "MiB", "DDP gradient bucket size", kFtexecFlag),
       number("", "--zero-bucket-elements", 1, 1099511627776.0, false, false, "elements", "ZeRO-1/2 reduce bucket",
              kFtexecFlag),

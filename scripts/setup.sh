@@ -9,8 +9,9 @@ cd "$(dirname "$0")/.."
 packages=(build-essential cmake ninja-build pkg-config python3
           nlohmann-json3-dev libcli11-dev libboost-graph-dev catch2 libbenchmark-dev)
 if [ "${FTPLAN_PLANNER_ONLY:-0}" != 1 ]; then
-  # LibTorch 1.13 (CPU) with Gloo for c10d; OpenBLAS because the reference BLAS is ~20x slower.
-  packages+=(libtorch-dev libgloo-dev libopenblas0-pthread)
+  # LibTorch 1.13 (CPU) with Gloo for c10d; OpenBLAS because the reference BLAS is ~20x slower;
+  # zlib for the checkpoints' CRC-32 checksums.
+  packages+=(libtorch-dev libgloo-dev libopenblas0-pthread zlib1g-dev)
 fi
 missing=()
 for p in "${packages[@]}"; do
