@@ -9,8 +9,10 @@ cd "$(dirname "$0")/.."
 packages=(build-essential cmake ninja-build pkg-config python3
           nlohmann-json3-dev libcli11-dev libboost-graph-dev catch2 libbenchmark-dev)
 if [ "${FTPLAN_PLANNER_ONLY:-0}" != 1 ]; then
-  # LibTorch 1.13 (CPU) with Gloo for c10d; OpenBLAS because the reference BLAS is ~20x slower.
-  packages+=(libtorch-dev libgloo-dev libopenblas0-pthread)
+  # LibTorch 1.13 (CPU) with Gloo for c10d; OpenBLAS because the reference BLAS is ~20x slower;
+  # PyTorch for Python (the same 1.13) runs tests/reference/llama_reference.py, the independent
+  # reference the executor tests compare ftexec with, and bench/reference_cpu.py.
+  packages+=(libtorch-dev libgloo-dev libopenblas0-pthread python3-torch)
 fi
 missing=()
 for p in "${packages[@]}"; do
