@@ -539,15 +539,17 @@ def live_bytes(tensors):
 
 
 def profiled_step_peak(step):
-    """Peak of the bytes allocated during one step, from the profiler's memory events (the
-    counting allocator of LIBTORCH-NOTES.md agreed with this hook to the byte)."""
+    """Peak of the bytes allocated during one step, over what was live when it began: PyTorch's
+    profiler records every CPU allocation and free ("[memory]" events with their byte counts, in
+    the kineto results; prof.events() folds most into the ops). LIBTORCH-NOTES.md: a counting
+    allocator and this hook agreed to the byte on a Linear + GELU step."""
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         step()
-    events = sorted((e for e in prof.events() if e.name == "[memory]"), key=lambda e: e.time_range.start)
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
     current = peak = 0
-    for e in events:
-        current += e.cpu_memory_usage
+    for e in sorted(events, key=lambda e: e.start_us()):
+        current += e.nbytes()
         peak = max(peak, current)
     return peak
 
@@ -595,7 +597,8 @@ def bench(args):
         "implementation": "reference (PyTorch %s, tests/reference/llama_reference.py)" % torch.__version__,
         "method": args.method, "precision": args.precision, "threads": torch.get_num_threads(),
         "micro_batch": args.micro_batch, "seq_len": args.seq_len, "steps": args.steps, "warmup": args.warmup,
-        "step_time_s": step_time_s, "tokens_per_s": args.micro_batch * args.seq_len / step_time_s,
+        "step_time_s": step_time_s, "step_times_s": timed,
+        "tokens_per_s": args.micro_batch * args.seq_len / step_time_s,
         "loss": losses,
         "tensor_peak_bytes": start_bytes + peak_step_bytes if args.tensor_peak else None,
         "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
