@@ -261,7 +261,11 @@ std::string run_reference(const std::vector<std::string>& dirs, const std::strin
 
 TEST_CASE("ftexec matches the independent PyTorch reference: logits, loss, gradients, one AdamW step",
           "[executor][reference]") {
-  at::set_num_threads(1);
+  struct ThreadsGuard {  // one thread here (the reference uses one too), the default for the rest
+    int saved = at::get_num_threads();
+    ThreadsGuard() { at::set_num_threads(1); }
+    ~ThreadsGuard() { at::set_num_threads(saved); }
+  } threads;
   ScratchDir scratch("reference");
   std::vector<Prepared> prepared;
   std::vector<std::string> dirs;
