@@ -23,7 +23,6 @@
 #include <fstream>
 #include <iomanip>
 #include <iostream>
-#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -56,17 +55,16 @@ struct RefCase {
   int64_t kv_heads;                  // of 4 query heads: 4 MHA, 2 GQA, 1 MQA
   bool llama3_rope;                  // rope_scaling llama3 (theta 500000, factor 8, original 256)
   bool bias;                         // attention_bias and mlp_bias
-  std::vector<std::string> targets;  // LoRA targets (LoRA cases)
+  std::string targets;               // LoRA targets as --lora-targets takes them (LoRA cases)
 };
 
 const std::vector<RefCase>& ref_cases() {
   static const std::vector<RefCase> cases = {
-      {"full, untied, MHA 4/4, default RoPE", ftplan::Method::full, false, 4, false, false, {}},
-      {"full, tied, GQA 4/2, llama3 RoPE, biases", ftplan::Method::full, true, 2, true, true, {}},
-      {"lora all-linear, untied, GQA 4/1, llama3 RoPE", ftplan::Method::lora, false, 1, true, false,
-       {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}},
+      {"full, untied, MHA 4/4, default RoPE", ftplan::Method::full, false, 4, false, false, ""},
+      {"full, tied, GQA 4/2, llama3 RoPE, biases", ftplan::Method::full, true, 2, true, true, ""},
+      {"lora all-linear, untied, GQA 4/1, llama3 RoPE", ftplan::Method::lora, false, 1, true, false, "all-linear"},
       {"lora q,v,down, tied, GQA 4/2, default RoPE, biases", ftplan::Method::lora, true, 2, false, true,
-       {"q_proj", "v_proj", "down_proj"}},
+       "q_proj,v_proj,down_proj"},
   };
   return cases;
 }
@@ -165,7 +163,7 @@ Prepared prepare(const RefCase& c, const std::string& dir, uint64_t seed) {
     lora.rank = 4;
     lora.alpha = 8;      // scaling 2
     lora.dropout = 0.0;  // dropout masks cannot match across implementations
-    lora.targets = c.targets;
+    lora.targets = ftplan::parse_lora_targets(c.targets, "targets");
     lora_attach(model, lora, seed + 1);
   }
   randomize(model, seed + 2);
@@ -179,7 +177,7 @@ Prepared prepare(const RefCase& c, const std::string& dir, uint64_t seed) {
   auto [ids, labels] = batch_tensors(batch, at::kCPU);
   write_safetensors(dir + "/batch.safetensors", {safetensors_entry("input_ids", ids), safetensors_entry("labels", labels)});
 
-  {
+  {  // the logits of ftexec's forward and head (its loss path fuses the head into the loss)
     at::NoGradGuard no_grad;
     out.logits = at::matmul(llama_hidden(model, ids), model.head_weight().t());
   }
