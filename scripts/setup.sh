@@ -10,8 +10,10 @@ packages=(build-essential cmake ninja-build pkg-config python3
           nlohmann-json3-dev libcli11-dev libboost-graph-dev catch2 libbenchmark-dev)
 if [ "${FTPLAN_PLANNER_ONLY:-0}" != 1 ]; then
   # LibTorch 1.13 (CPU) with Gloo for c10d; OpenBLAS because the reference BLAS is ~20x slower;
-  # zlib for the checkpoints' CRC-32 checksums.
-  packages+=(libtorch-dev libgloo-dev libopenblas0-pthread zlib1g-dev)
+  # zlib for the checkpoints' CRC-32 checksums; PyTorch for Python (the same 1.13) runs
+  # tests/reference/llama_reference.py, the independent reference the executor tests compare ftexec
+  # with, and bench/reference_cpu.py.
+  packages+=(libtorch-dev libgloo-dev libopenblas0-pthread zlib1g-dev python3-torch)
 fi
 missing=()
 for p in "${packages[@]}"; do

@@ -1,0 +1,680 @@
+#!/usr/bin/env python3
+"""An independent reference for ftexec: a small Llama and PEFT-style LoRA in plain PyTorch.
+
+Written from the Hugging Face description of the architecture, never from ftexec's C++ model code,
+so that the test in tests/executor/test_reference.cpp compares two implementations, not one with
+itself. What each piece follows (files read, commit):
+
+  transformers  src/transformers/models/llama/modeling_llama.py  @ 5dd4a63548857797727ae73eeb6a6e886ea02a3e
+                LlamaRMSNorm (fp32 variance, cast back, then * weight), LlamaRotaryEmbedding (fp32
+                inv_freq @ positions, cat(freqs, freqs), cos/sin cast to the compute dtype),
+                rotate_half / apply_rotary_pos_emb, repeat_kv, eager_attention_forward (scaling
+                head_dim**-0.5, additive causal mask of finfo.min, fp32 softmax), LlamaAttention
+                (q/k/v/o biases = attention_bias), LlamaMLP (down(silu(gate(x)) * up(x)), mlp_bias),
+                LlamaDecoderLayer (pre-norm residuals), LlamaForCausalLM (lm_head, tied or not).
+  transformers  src/transformers/modeling_rope_utils.py  @ 0044e3b3facff1a1ad60b235c69d5b45beae75a4
+                _compute_default_rope_parameters, _compute_linear_scaling_rope_parameters,
+                _compute_llama3_parameters (wavelen bands, smooth interpolation).
+  transformers  src/transformers/loss/loss_utils.py  @ 0114da07ec0e101b420a923dedeb6032b6ac3a44
+                ForCausalLMLoss: logits.float(); `labels` are padded with -100 and shifted left by
+                one, or `shift_labels` are used as given; mean cross-entropy, ignore_index -100.
+  peft          src/peft/tuners/lora/layer.py  @ b28a09c44695163806dc2d560ec2faa1ce2949c5
+                LoraLayer.update_layer (scaling = lora_alpha / r, or / sqrt(r) with use_rslora;
+                dropout Identity when p = 0), Linear.forward
+                (result = base(x) + lora_B(lora_A(dropout(x))) * scaling); saved adapter names are
+                base_model.model.<module>.lora_A.weight ([r, in]) and .lora_B.weight ([out, r]).
+
+The optimizer is PyTorch's own torch.optim.AdamW and clipping torch.nn.utils.clip_grad_norm_.
+
+Label convention: ftexec's data loader cuts windows of seq_len + 1 tokens and hands over labels
+already shifted (labels[t] = the token after input_ids[t]); those are what HF's ForCausalLMLoss
+calls `shift_labels`. A case file says `"labels_shifted": true` and the reference passes them as
+shift_labels; with false it pads and shifts them as HF does for `labels` (the last position then
+predicts nothing).
+
+Commands (Debian 12: `apt-get install python3-torch`, torch 1.13):
+  llama_reference.py compare CASE_DIR...   one forward, backward and AdamW step per case; see
+                                           run_case() for the files read and written
+  llama_reference.py bench --config C ...  the training loop timed the way ftexec times it
+  llama_reference.py self-test             checks of the pieces that need no ftexec
+Exit code 3: PyTorch is missing (the C++ test turns it into a failure naming the package).
+"""
+
+import argparse
+import json
+import math
+import os
+import resource
+import statistics
+import struct
+import sys
+import time
+
+try:
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+except ImportError as e:  # the test reports this, with the package to install
+    print(f"llama_reference.py: PyTorch is missing ({e}); on Debian 12: apt-get install python3-torch",
+          file=sys.stderr)
+    sys.exit(3)
+
+
+# ----------------------------------------------------------------------------------------------
+# Safetensors, hand-written: Debian 12 packages no python3-safetensors, and the format is small
+# (https://github.com/huggingface/safetensors#format): an 8-byte little-endian header length N,
+# N bytes of JSON {name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {...}},
+# then the raw little-endian bytes, offsets relative to the end of the header.
+
+_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+    "U8": torch.uint8, "BOOL": torch.bool,
+}
+_NAMES = {v: k for k, v in _DTYPES.items()}
+
+
+def safetensors_load(path):
+    """Returns {name: tensor} (CPU, own memory) and the metadata dict."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if len(data) < 8:
+        raise ValueError(f"{path}: shorter than the 8-byte header length")
+    (n,) = struct.unpack("<Q", data[:8])
+    if 8 + n > len(data):
+        raise ValueError(f"{path}: header length {n} runs past the end of the file ({len(data)} bytes)")
+    header = json.loads(data[8:8 + n].decode("utf-8"))
+    body = bytearray(data[8 + n:])
+    metadata = header.pop("__metadata__", {}) or {}
+    tensors = {}
+    for name, info in header.items():
+        dtype = _DTYPES.get(info["dtype"])
+        if dtype is None:
+            raise ValueError(f"{path}: {name}: dtype {info['dtype']} not handled")
+        begin, end = info["data_offsets"]
+        shape = info["shape"]
+        count = math.prod(shape)
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        if end - begin != count * itemsize or end > len(body):
+            raise ValueError(f"{path}: {name}: byte range [{begin}, {end}) does not hold shape {shape}")
+        if count == 0:
+            tensors[name] = torch.empty(shape, dtype=dtype)
+        else:
+            tensors[name] = torch.frombuffer(body, dtype=dtype, count=count, offset=begin).reshape(shape).clone()
+    return tensors, metadata
+
+
+def safetensors_save(path, tensors, metadata=None):
+    """Writes {name: tensor} in the given order, atomically (temporary file, then rename)."""
+    header = {"__metadata__": metadata or {"format": "pt"}}
+    blobs, offset = [], 0
+    for name, t in tensors.items():
+        t = t.detach().to("cpu").contiguous()
+        raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        header[name] = {"dtype": _NAMES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + len(raw)]}
+        blobs.append(raw)
+        offset += len(raw)
+    text = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    text += b" " * ((8 - len(text) % 8) % 8)  # pad so the data starts 8-byte aligned
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for raw in blobs:
+            f.write(raw)
+    os.replace(tmp, path)
+
+
+# ----------------------------------------------------------------------------------------------
+# The model, as LlamaConfig describes it.
+
+class Config:
+    """The config.json fields a Llama uses (transformers' LlamaConfig defaults where absent)."""
+
+    def __init__(self, c):
+        if c.get("model_type", "llama") not in ("llama", "mistral"):
+            raise ValueError(f"model_type {c.get('model_type')}: the reference covers llama and mistral")
+        if c.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"hidden_act {c['hidden_act']}: the reference covers silu")
+        self.vocab_size = c["vocab_size"]
+        self.hidden_size = c["hidden_size"]
+        self.intermediate_size = c["intermediate_size"]
+        self.num_hidden_layers = c["num_hidden_layers"]
+        self.num_attention_heads = c["num_attention_heads"]
+        self.num_key_value_heads = c.get("num_key_value_heads") or self.num_attention_heads
+        self.head_dim = c.get("head_dim") or self.hidden_size // self.num_attention_heads
+        self.rms_norm_eps = c.get("rms_norm_eps", 1e-6)
+        self.rope_theta = c.get("rope_theta", 10000.0)
+        self.rope_scaling = c.get("rope_scaling")
+        self.attention_bias = c.get("attention_bias", False)
+        self.mlp_bias = c.get("mlp_bias", False)
+        self.tie_word_embeddings = c.get("tie_word_embeddings", False)  # LlamaConfig's default
+
+
+def acc_dtype(dtype):
+    """HF upcasts RMSNorm, RoPE angles, softmax and the loss to fp32; the fp64 evaluation (the
+    test's yardstick for rounding) keeps fp64 there too."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def rope_inv_freq(cfg, dtype=torch.float32):
+    """modeling_rope_utils: the inverse frequencies (head_dim / 2 values, in `dtype`: HF's fp32, or
+    fp64 for the yardstick) after the scaling."""
+    dim = cfg.head_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).to(dtype) / dim))
+    scaling = cfg.rope_scaling
+    rope_type = "default" if not scaling else scaling.get("rope_type", scaling.get("type"))
+    if rope_type == "default":
+        return inv_freq
+    if rope_type == "linear":
+        return inv_freq / scaling["factor"]
+    if rope_type == "llama3":
+        factor = scaling["factor"]                        # 8 in Llama 3.1
+        low_freq_factor = scaling["low_freq_factor"]      # 1
+        high_freq_factor = scaling["high_freq_factor"]    # 4
+        old_context_len = scaling["original_max_position_embeddings"]  # 8192
+        low_freq_wavelen = old_context_len / low_freq_factor
+        high_freq_wavelen = old_context_len / high_freq_factor
+        wavelen = 2 * math.pi / inv_freq
+        # long wavelengths are divided by factor, short ones kept, the band between interpolated
+        inv_freq_llama = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+        smooth_factor = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+        smoothed = (1 - smooth_factor) * inv_freq_llama / factor + smooth_factor * inv_freq_llama
+        is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+        return torch.where(is_medium, smoothed, inv_freq_llama)
+    raise ValueError(f"rope_type {rope_type}: the reference covers default, linear and llama3")
+
+
+def rotary_cos_sin(inv_freq, seq_len, dtype):
+    """LlamaRotaryEmbedding.forward for positions 0..seq_len-1: angles in inv_freq's dtype (fp32 in
+    HF), cos and sin cast to the compute `dtype`."""
+    positions = torch.arange(seq_len, dtype=inv_freq.dtype)
+    freqs = torch.outer(positions, inv_freq)              # [S, head_dim / 2]
+    emb = torch.cat((freqs, freqs), dim=-1)               # [S, head_dim]
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def rotate_half(x):
+    x1 = x[..., : x.shape[-1] // 2]
+    x2 = x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def repeat_kv(x, n_rep):
+    """[B, kv_heads, S, D] -> [B, kv_heads * n_rep, S, D], each kv head repeated n_rep times in a row."""
+    b, kv, s, d = x.shape
+    if n_rep == 1:
+        return x
+    return x[:, :, None, :, :].expand(b, kv, n_rep, s, d).reshape(b, kv * n_rep, s, d)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size, eps):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x):
+        input_dtype = x.dtype
+        h = x.to(acc_dtype(x.dtype))
+        variance = h.pow(2).mean(-1, keepdim=True)
+        h = h * torch.rsqrt(variance + self.eps)
+        return self.weight * h.to(input_dtype)
+
+
+class LoraLinear(nn.Module):
+    """nn.Linear's parameters (weight [out, in], optional bias) plus, when r > 0, PEFT's adapter:
+    y = x W^T + b + lora_B(lora_A(dropout(x))) * scaling."""
+
+    def __init__(self, in_features, out_features, bias):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_features, in_features))
+        self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
+        self.lora_A = None
+        self.lora_B = None
+        self.scaling = 0.0
+        self.lora_dropout = nn.Identity()
+
+    def add_lora(self, r, alpha, dropout, use_rslora):
+        self.lora_A = nn.Linear(self.weight.shape[1], r, bias=False)
+        self.lora_B = nn.Linear(r, self.weight.shape[0], bias=False)
+        nn.init.kaiming_uniform_(self.lora_A.weight, a=math.sqrt(5))
+        nn.init.zeros_(self.lora_B.weight)
+        self.scaling = alpha / math.sqrt(r) if use_rslora else alpha / r
+        self.lora_dropout = nn.Dropout(p=dropout) if dropout > 0 else nn.Identity()
+
+    def forward(self, x):
+        result = F.linear(x, self.weight, self.bias)
+        if self.lora_A is not None:
+            result_dtype = result.dtype
+            x = x.to(self.lora_A.weight.dtype)
+            result = result + self.lora_B(self.lora_A(self.lora_dropout(x))) * self.scaling
+            result = result.to(result_dtype)
+        return result
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        h, d = cfg.hidden_size, cfg.head_dim
+        self.num_heads = cfg.num_attention_heads
+        self.num_kv_heads = cfg.num_key_value_heads
+        self.head_dim = d
+        self.q_proj = LoraLinear(h, self.num_heads * d, cfg.attention_bias)
+        self.k_proj = LoraLinear(h, self.num_kv_heads * d, cfg.attention_bias)
+        self.v_proj = LoraLinear(h, self.num_kv_heads * d, cfg.attention_bias)
+        self.o_proj = LoraLinear(self.num_heads * d, h, cfg.attention_bias)
+
+    def forward(self, x, cos, sin, mask):
+        b, s, _ = x.shape
+        q = self.q_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)  # [B, heads, S, D]
+        k = self.k_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)  # [B, kv_heads, S, D]
+        v = self.v_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+        cos, sin = cos[None, None], sin[None, None]
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        n_rep = self.num_heads // self.num_kv_heads
+        k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)
+        scores = torch.matmul(q, k.transpose(2, 3)) * self.head_dim ** -0.5 + mask
+        probs = F.softmax(scores, dim=-1, dtype=acc_dtype(q.dtype)).to(q.dtype)
+        out = torch.matmul(probs, v).transpose(1, 2).contiguous().reshape(b, s, -1)
+        return self.o_proj(out)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        h, i = cfg.hidden_size, cfg.intermediate_size
+        self.gate_proj = LoraLinear(h, i, cfg.mlp_bias)
+        self.up_proj = LoraLinear(h, i, cfg.mlp_bias)
+        self.down_proj = LoraLinear(i, h, cfg.mlp_bias)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.self_attn = Attention(cfg)
+        self.mlp = MLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x, cos, sin, mask):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Backbone(nn.Module):  # LlamaModel
+    def __init__(self, cfg):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.cfg = cfg
+        self.model = Backbone(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight  # one Parameter, two uses
+
+    def init_weights(self, seed):
+        """HF's _init_weights: linears and the embedding N(0, 0.02), biases 0, norms 1."""
+        g = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if "lora_" in name:
+                    continue
+                if name.endswith("norm.weight"):
+                    p.fill_(1.0)
+                elif name.endswith(".bias"):
+                    p.zero_()
+                else:
+                    p.copy_(torch.randn(p.shape, generator=g) * 0.02)
+
+    def forward(self, input_ids):
+        """Logits [B, S, vocab] in the compute dtype."""
+        s = input_ids.shape[1]
+        x = self.model.embed_tokens(input_ids)
+        cos, sin = rotary_cos_sin(rope_inv_freq(self.cfg, acc_dtype(x.dtype)), s, x.dtype)
+        mask = torch.full((s, s), torch.finfo(x.dtype).min, dtype=x.dtype).triu(1)
+        for layer in self.model.layers:
+            x = layer(x, cos, sin, mask)
+        return self.lm_head(self.model.norm(x))
+
+
+def causal_lm_loss(logits, labels=None, shift_labels=None, ignore_index=-100):
+    """ForCausalLMLoss: mean cross-entropy in fp32 over the labels that are not ignore_index."""
+    logits = logits.to(acc_dtype(logits.dtype))
+    if shift_labels is None:
+        labels = F.pad(labels, (0, 1), value=ignore_index)
+        shift_labels = labels[..., 1:].contiguous()
+    return F.cross_entropy(logits.view(-1, logits.shape[-1]), shift_labels.reshape(-1), ignore_index=ignore_index)
+
+
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def lora_modules(model, targets):
+    for i, layer in enumerate(model.model.layers):
+        for name in targets:
+            parent = layer.self_attn if name in ("q_proj", "k_proj", "v_proj", "o_proj") else layer.mlp
+            prefix = "self_attn" if parent is layer.self_attn else "mlp"
+            yield f"model.layers.{i}.{prefix}.{name}", getattr(parent, name)
+
+
+def attach_lora(model, adapter_config):
+    """PEFT's LoraModel on the named targets; returns {PEFT save name: Parameter}."""
+    targets = adapter_config["target_modules"]
+    if isinstance(targets, str):
+        targets = LORA_TARGETS if targets == "all-linear" else [targets]
+    unknown = set(targets) - set(LORA_TARGETS)
+    if unknown:
+        raise ValueError(f"target_modules {sorted(unknown)}: not a Llama block linear")
+    named = {}
+    for module_name, module in lora_modules(model, targets):
+        module.add_lora(adapter_config["r"], adapter_config["lora_alpha"], adapter_config.get("lora_dropout", 0.0),
+                        adapter_config.get("use_rslora", False))
+        named[f"base_model.model.{module_name}.lora_A.weight"] = module.lora_A.weight
+        named[f"base_model.model.{module_name}.lora_B.weight"] = module.lora_B.weight
+    return named
+
+
+def load_weights(model, tensors):
+    """HF checkpoint names onto the model; every name and shape must match (lm_head.weight may be
+    absent, or equal to embed_tokens, when tied)."""
+    params = dict(model.named_parameters())  # tied: lm_head.weight appears once, as embed_tokens
+    problems = []
+    for name, p in params.items():
+        if "lora_" in name:
+            continue
+        if name not in tensors:
+            problems.append(f"{name}: missing")
+        elif tuple(tensors[name].shape) != tuple(p.shape):
+            problems.append(f"{name}: shape {list(tensors[name].shape)}, expected {list(p.shape)}")
+    for name in tensors:
+        if name not in params and not (name == "lm_head.weight" and model.cfg.tie_word_embeddings):
+            problems.append(f"{name}: not a parameter of this config")
+    if problems:
+        raise ValueError("weights do not match the config: " + "; ".join(problems))
+    with torch.no_grad():
+        for name, p in params.items():
+            if "lora_" not in name:
+                p.copy_(tensors[name])
+        if model.cfg.tie_word_embeddings and "lm_head.weight" in tensors:
+            if not torch.equal(tensors["lm_head.weight"], tensors["model.embed_tokens.weight"]):
+                raise ValueError("tie_word_embeddings is true but lm_head.weight differs from embed_tokens")
+
+
+def load_adapter(named, tensors):
+    problems = [f"{n}: missing" for n in named if n not in tensors]
+    problems += [f"{n}: not an adapter of this config" for n in tensors if n not in named]
+    problems += [f"{n}: shape {list(tensors[n].shape)}, expected {list(p.shape)}"
+                 for n, p in named.items() if n in tensors and tensors[n].shape != p.shape]
+    if problems:
+        raise ValueError("adapter does not match its config: " + "; ".join(problems))
+    with torch.no_grad():
+        for n, p in named.items():
+            p.copy_(tensors[n])
+
+
+def trainable_parameters(model, lora_named):
+    """Full fine-tuning: every base parameter (tied head once); LoRA: the adapters only. By the
+    name a checkpoint (HF) or adapter file (PEFT) gives it."""
+    if lora_named:
+        for p in model.parameters():
+            p.requires_grad_(False)
+        for p in lora_named.values():
+            p.requires_grad_(True)
+        return dict(lora_named)
+    return {n: p for n, p in model.named_parameters() if "lora_" not in n}
+
+
+# ----------------------------------------------------------------------------------------------
+# compare: one case of the C++ test.
+
+def adamw_step(params, case):
+    """clip_grad_norm_ (when max_grad_norm > 0), then one torch.optim.AdamW step."""
+    if case.get("max_grad_norm", 0.0) > 0:
+        torch.nn.utils.clip_grad_norm_(params, case["max_grad_norm"])
+    a = case["adamw"]
+    torch.optim.AdamW(params, lr=a["lr"], betas=(a["beta1"], a["beta2"]), eps=a["eps"],
+                      weight_decay=a["weight_decay"]).step()
+
+
+def forward_backward(model, trainable, input_ids, labels, labels_shifted):
+    logits = model(input_ids)
+    if labels_shifted:
+        loss = causal_lm_loss(logits, shift_labels=labels)
+    else:
+        loss = causal_lm_loss(logits, labels=labels)
+    loss.backward()
+    return logits.detach(), loss.item(), {n: p.grad.detach().clone() for n, p in trainable.items()}
+
+
+def build(case, path, dtype):
+    with open(path("config")) as f:
+        cfg = Config(json.load(f))
+    model = LlamaForCausalLM(cfg)
+    load_weights(model, safetensors_load(path("weights"))[0])
+    lora_named = {}
+    if case.get("adapter_dir"):
+        with open(os.path.join(path("adapter_dir"), "adapter_config.json")) as f:
+            adapter_config = json.load(f)
+        lora_named = attach_lora(model, adapter_config)
+        load_adapter(lora_named, safetensors_load(os.path.join(path("adapter_dir"), "adapter_model.safetensors"))[0])
+    model.to(dtype)
+    model.train()
+    return model, trainable_parameters(model, lora_named)
+
+
+def run_case(case_dir):
+    """Reads <case_dir>/case.json:
+         {"config": "config.json", "weights": "model.safetensors", "adapter_dir": "adapter" | null,
+          "batch": "batch.safetensors" (input_ids, labels: int64 [B, S]), "labels_shifted": true,
+          "adamw": {"lr", "beta1", "beta2", "eps", "weight_decay"}, "max_grad_norm": 1.0 (0: off),
+          "given_grads": "ftexec_grads.safetensors" (optional), "threads": 1,
+          "out": "reference.safetensors", "out_json": "reference.json"}
+       Writes <out>, per trainable parameter by its HF / PEFT name:
+         "logits" [B, S, vocab] (fp32); "grad.<name>" the gradient (before clipping) and
+         "after.<name>" the value after clipping and one AdamW step, both in fp32;
+         "grad64.<name>" and "logits64": the same forward and backward in fp64 (a yardstick for
+         the rounding of both fp32 implementations);
+         "after_given.<name>": one step from the same start with the gradients of <given_grads>
+         instead (the optimizer alone, on identical inputs);
+       and <out_json>: {"loss", "loss64", "grad_norm" (before clipping), "trainable": [names]}."""
+    with open(os.path.join(case_dir, "case.json")) as f:
+        case = json.load(f)
+    path = lambda key: os.path.join(case_dir, case[key])  # noqa: E731
+    torch.set_num_threads(case.get("threads", 1))
+    batch = safetensors_load(path("batch"))[0]
+    input_ids, labels = batch["input_ids"].long(), batch["labels"].long()
+    shifted = case.get("labels_shifted", True)
+
+    model, trainable = build(case, path, torch.float32)
+    before = {n: p.detach().clone() for n, p in trainable.items()}
+    logits, loss, grads = forward_backward(model, trainable, input_ids, labels, shifted)
+    grad_norm = torch.norm(torch.stack([g.norm(2) for g in grads.values()]), 2).item()
+    adamw_step(list(trainable.values()), case)
+    out = {"logits": logits.float()}
+    out.update({f"grad.{n}": g for n, g in grads.items()})
+    out.update({f"after.{n}": p.detach().clone() for n, p in trainable.items()})
+
+    model64, trainable64 = build(case, path, torch.float64)
+    logits64, loss64, grads64 = forward_backward(model64, trainable64, input_ids, labels, shifted)
+    out["logits64"] = logits64
+    out.update({f"grad64.{n}": g for n, g in grads64.items()})
+
+    if case.get("given_grads"):
+        given = safetensors_load(path("given_grads"))[0]
+        params = []
+        for n, value in before.items():
+            p = value.clone().requires_grad_(True)
+            p.grad = given[n].to(p.dtype)
+            params.append(p)
+        adamw_step(params, case)
+        out.update({f"after_given.{n}": p.detach() for n, p in zip(before, params)})
+
+    safetensors_save(path("out"), out)
+    with open(path("out_json"), "w") as f:
+        json.dump({"loss": loss, "loss64": loss64, "grad_norm": grad_norm, "trainable": list(trainable)}, f, indent=1)
+
+
+# ----------------------------------------------------------------------------------------------
+# bench: the training loop on synthetic tokens, timed like ftexec (median step after warm-up).
+
+def live_bytes(tensors):
+    seen, total = set(), 0
+    for t in tensors:
+        if t is None or t.data_ptr() in seen:
+            continue
+        seen.add(t.data_ptr())
+        total += t.numel() * t.element_size()
+    return total
+
+
+def profiled_step_peak(step):
+    """Peak of the bytes allocated during one step, over what was live when it began: PyTorch's
+    profiler records every CPU allocation and free ("[memory]" events with their byte counts, in
+    the kineto results; prof.events() folds most into the ops). LIBTORCH-NOTES.md: a counting
+    allocator and this hook agreed to the byte on a Linear + GELU step."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    current = peak = 0
+    for e in sorted(events, key=lambda e: e.start_us()):
+        current += e.nbytes()
+        peak = max(peak, current)
+    return peak
+
+
+def bench(args):
+    torch.manual_seed(args.seed)
+    torch.set_num_threads(args.threads)
+    with open(args.config) as f:
+        cfg = Config(json.load(f))
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.precision]
+    model = LlamaForCausalLM(cfg)
+    model.init_weights(args.seed)
+    lora_named = {}
+    if args.method == "lora":
+        targets = LORA_TARGETS if args.lora_targets == "all-linear" else args.lora_targets.split(",")
+        lora_named = attach_lora(model, {"target_modules": list(targets), "r": args.lora_rank,
+                                         "lora_alpha": args.lora_alpha, "lora_dropout": 0.0})
+    model.to(dtype)
+    trainable = list(trainable_parameters(model, lora_named).values())
+    opt = torch.optim.AdamW(trainable, lr=args.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+    g = torch.Generator().manual_seed(args.seed)
+
+    def step():
+        tokens = torch.randint(0, cfg.vocab_size, (args.micro_batch, args.seq_len + 1), generator=g)
+        logits = model(tokens[:, :-1])
+        loss = causal_lm_loss(logits, shift_labels=tokens[:, 1:])
+        loss.backward()
+        if args.max_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(trainable, args.max_grad_norm)
+        opt.step()
+        opt.zero_grad(set_to_none=False)  # as ftexec: gradients stay allocated
+        return loss.item()
+
+    times, losses = [], []
+    for _ in range(args.steps):
+        t0 = time.perf_counter()
+        losses.append(step())
+        times.append(time.perf_counter() - t0)
+    timed = times[args.warmup:] or times
+    step_time_s = statistics.median(timed)
+    state = [t for s in opt.state.values() for t in s.values() if torch.is_tensor(t) and t.dim() > 0]
+    start_bytes = live_bytes(list(model.parameters()) + [p.grad for p in trainable] + state)
+    peak_step_bytes = profiled_step_peak(step) if args.tensor_peak else 0
+    result = {
+        "implementation": "reference (PyTorch %s, tests/reference/llama_reference.py)" % torch.__version__,
+        "method": args.method, "precision": args.precision, "threads": torch.get_num_threads(),
+        "micro_batch": args.micro_batch, "seq_len": args.seq_len, "steps": args.steps, "warmup": args.warmup,
+        "step_time_s": step_time_s, "step_times_s": timed,
+        "tokens_per_s": args.micro_batch * args.seq_len / step_time_s,
+        "loss": losses,
+        "tensor_peak_bytes": start_bytes + peak_step_bytes if args.tensor_peak else None,
+        "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+    }
+    text = json.dumps(result, indent=1)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    else:
+        print(text)
+
+
+# ----------------------------------------------------------------------------------------------
+# self-test: pieces checked against hand-computed values.
+
+def self_test():
+    # llama3 rope: with head_dim 16, theta 10000, original 512, low 1, high 4, factor 8 the eight
+    # wavelengths 2*pi*10000^(2i/16) are 6.3, 19.9, 62.8 (< 128: kept), 198.7 (between 128 and 512:
+    # smoothed), 628 ... 19869 (> 512: divided by 8).
+    cfg = Config({"vocab_size": 8, "hidden_size": 64, "intermediate_size": 8, "num_hidden_layers": 1,
+                  "num_attention_heads": 4, "rope_theta": 10000.0,
+                  "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                   "high_freq_factor": 4.0, "original_max_position_embeddings": 512}})
+    base = 1.0 / (10000.0 ** (torch.arange(0, 16, 2).double() / 16))
+    got = rope_inv_freq(cfg).double()
+    assert torch.allclose(got[:3], base[:3], rtol=1e-6), got
+    assert torch.allclose(got[4:], base[4:] / 8, rtol=1e-6), got
+    s = (512 / (2 * math.pi / base[3]) - 1) / 3
+    assert abs(got[3] - ((1 - s) * base[3] / 8 + s * base[3])) < 1e-6 * base[3], got
+    # labels: HF's unshifted `labels` equal `shift_labels` = labels[1:] + [-100]
+    logits = torch.randn(2, 5, 7)
+    labels = torch.randint(0, 7, (2, 5))
+    shifted = torch.cat([labels[:, 1:], torch.full((2, 1), -100)], dim=1)
+    assert torch.allclose(causal_lm_loss(logits, labels=labels), causal_lm_loss(logits, shift_labels=shifted))
+    # safetensors round trip
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        t = {"a": torch.randn(3, 4), "b": torch.randn(5).bfloat16(), "c": torch.arange(6).reshape(2, 3)}
+        safetensors_save(os.path.join(d, "t.safetensors"), t)
+        back, _ = safetensors_load(os.path.join(d, "t.safetensors"))
+        assert all(torch.equal(t[k], back[k]) for k in t)
+    print("llama_reference.py self-test: ok")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    c = sub.add_parser("compare", help="run the test's cases (folders holding case.json)")
+    c.add_argument("cases", nargs="+")
+    b = sub.add_parser("bench", help="time the reference's training loop")
+    b.add_argument("--config", required=True, help="HF config.json")
+    b.add_argument("--method", choices=["full", "lora"], default="full")
+    b.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="bf16: everything bf16")
+    b.add_argument("--lora-rank", type=int, default=16)
+    b.add_argument("--lora-alpha", type=float, default=32)
+    b.add_argument("--lora-targets", default="q_proj,v_proj", help="a comma list or all-linear")
+    b.add_argument("--seq-len", type=int, default=256)
+    b.add_argument("--micro-batch", type=int, default=1)
+    b.add_argument("--steps", type=int, default=4)
+    b.add_argument("--warmup", type=int, default=1, help="steps left out of the timings (ftexec's default)")
+    b.add_argument("--threads", type=int, default=1)
+    b.add_argument("--lr", type=float, default=1e-4)
+    b.add_argument("--max-grad-norm", type=float, default=1.0)
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--tensor-peak", action="store_true", help="one more, profiled step for the tensor-level peak")
+    b.add_argument("--out", help="write the result JSON here (else stdout)")
+    sub.add_parser("self-test")
+    args = p.parse_args()
+    if args.command == "compare":
+        for case in args.cases:
+            run_case(case)
+    elif args.command == "bench":
+        bench(args)
+    else:
+        self_test()
+
+
+if __name__ == "__main__":
+    main()
