@@ -38,6 +38,8 @@ void add_commands(CLI::App& app, Commands& c) {
   compare->add_option("measured", c.compare.measured, "measured.json from ftexec run --out")->required();
   compare->add_flag("--json", c.compare.json, "Print JSON");
   compare->add_flag("--force", c.compare.force, "Compare even when the run differs from the planned job");
+  compare->add_option("--framework", c.compare.framework,
+                      "Predict for this framework profile (default: the run's own, e.g. ftexec; else the plan's)");
 }
 
 int run_selected(CLI::App& app, const Commands& c) {

@@ -50,6 +50,7 @@ struct CompareOptions {
   std::string plan, measured;
   bool json = false;
   bool force = false;  // compare a run of a different job anyway
+  std::string framework;  // predict for this profile (default: the run's, else the plan's)
 };
 
 struct Commands {

@@ -4,6 +4,7 @@
 
 #include "planner/data_paths.h"
 #include "planner/errors.h"
+#include "planner/framework.h"
 #include "planner/job_fields.h"
 #include "planner/json_fields.h"
 
@@ -28,6 +29,9 @@ LoadedJob load_job(const JobOptions& o) {
     fail_input("--model: required (or give a job file)");
   }
   o.flags.apply_job(s, alpha_in_file);
+  // The framework fills what the user left out (its precision, loss, FSDP version, ...) and refuses
+  // knobs it does not offer.
+  apply_framework(s, framework_profile(s.framework));
 
   LoadedJob job;
   job.model_path = resolve_data_file(s.model, "configs/models", "--model");

@@ -489,6 +489,7 @@ nlohmann::json run_rank(const ExecJob& job, const DistEnv& env, const DistOption
                               {"attention", mo.use_sdpa ? "fused" : "eager"},
                               {"gpus", comm->world()}};
   return {{"format", "ftexec-measured/1"},
+                        {"framework", "ftexec"},
           {"device", cuda ? std::string("cuda (one GPU per rank)") : device},
           {"torch_version", compat::torch_version()},
           {"job", ftplan::training_setup_to_json(setup)},

@@ -321,6 +321,7 @@ nlohmann::json run_job(const ExecJob& job) {
                     {"alloc_retries", after.alloc_retries}};
   }
   nlohmann::json out = {{"format", "ftexec-measured/1"},
+                        {"framework", "ftexec"},
                         {"device", job.device},
                         {"torch_version", compat::torch_version()},
                         {"job", ftplan::training_setup_to_json(s)},

@@ -22,14 +22,18 @@ bool keeps_input(const ActivationInputs& in, const std::string& module) {
 
 }  // namespace
 
-ActivationInputs activation_inputs(const TrainingSetup& setup, int64_t micro_batch, Attention attention) {
+ActivationInputs activation_inputs(const TrainingSetup& setup, int64_t micro_batch, Attention attention,
+                                   bool gqa_kv_repeated, bool selective) {
   ActivationInputs in;
   in.micro_batch = micro_batch;
-  in.seq_len = setup.seq_len;
+  in.seq_len = setup.memory_seq_len();
   in.precision = setup.precision;
   in.attention = attention;
   in.method = setup.method;
   in.lora = setup.lora;
+  in.gqa_kv_repeated = gqa_kv_repeated;
+  in.compile = setup.compile;
+  in.selective = selective;
   return in;
 }
 
@@ -39,25 +43,32 @@ int64_t saturate(double bytes) { return static_cast<int64_t>(std::min(bytes, 576
 
 int64_t block_activation_bytes(const ModelSpec& m, const ActivationInputs& in) {
   const double a = activation_bytes(in.precision);
+  const double r = residual_bytes(in.precision, in.method);
   const double T = static_cast<double>(in.micro_batch) * in.seq_len;
-  const double h = m.hidden_size, q = m.q_dim(), kv = m.kv_dim(), i = m.intermediate_size;
+  const double h = m.hidden_size, q = m.q_dim(), i = m.intermediate_size;
+  const double kv = in.gqa_kv_repeated ? q : m.kv_dim();
   const double scores = static_cast<double>(in.micro_batch) * m.num_heads * in.seq_len * in.seq_len;
 
-  // Two RMSNorms: fp32 input, fp32 rstd, and the normalised input when the norm weight trains.
-  double bytes = 2 * (4 * T * h + 4 * T + (base_trains(in) ? a * T * h : 0));
+  // Two RMSNorms: the fp32 upcast of the input (compiled: the input as it arrives), the fp32 rstd,
+  // and the normalised input when the norm weight trains.
+  double bytes = 2 * ((in.compile ? r : 4) * T * h + 4 * T + (base_trains(in) ? a * T * h : 0));
   // Norm outputs, shared by the linears that read them.
   if (keeps_input(in, "q_proj") || keeps_input(in, "k_proj") || keeps_input(in, "v_proj")) bytes += a * T * h;
   if (keeps_input(in, "gate_proj") || keeps_input(in, "up_proj")) bytes += a * T * h;
   // Attention.
   if (in.attention == Attention::fused) {
-    bytes += a * T * (q + 2 * kv) + a * T * q + 4 * in.micro_batch * m.num_heads * in.seq_len;
+    bytes += a * T * (q + 2 * kv) + a * T * q + (in.selective ? 0 : 4 * in.micro_batch * m.num_heads * in.seq_len);
   } else {
-    bytes += 3 * a * T * q + 4 * scores + (a == 2 ? 2 * scores : 0);
+    bytes += 3 * a * T * q + (in.selective ? 0 : 4 * scores + (a == 2 ? 2 * scores : 0));
   }
   if (keeps_input(in, "o_proj")) bytes += a * T * q;
-  // SwiGLU: gate, SiLU(gate), up; the product feeds down_proj.
-  bytes += 3 * a * T * i;
-  if (keeps_input(in, "down_proj")) bytes += a * T * i;
+  // SwiGLU: gate, SiLU(gate), up; the product feeds down_proj. Compiled: gate and up only.
+  if (in.compile) {
+    bytes += 2 * a * T * i;
+  } else {
+    bytes += 3 * a * T * i;
+    if (keeps_input(in, "down_proj")) bytes += a * T * i;
+  }
   // LoRA adapters.
   if (in.method != Method::full) {
     for (const auto& lin : block_linears(m)) {
@@ -73,7 +84,7 @@ int64_t head_activation_bytes(const ModelSpec& m, const ActivationInputs& in) {
   const double a = activation_bytes(in.precision);
   const double T = static_cast<double>(in.micro_batch) * in.seq_len;
   const double h = m.hidden_size;
-  double bytes = 4 * T * h + 4 * T;                     // final RMSNorm: fp32 input and rstd
+  double bytes = (in.compile ? residual_bytes(in.precision, in.method) : 4) * T * h + 4 * T;  // final RMSNorm
   if (base_trains(in)) bytes += a * T * h + a * T * h;  // normalised input; lm_head input
   return saturate(bytes);
 }
@@ -86,7 +97,7 @@ int64_t activation_bytes_for_layers(const ModelSpec& m, const ActivationInputs& 
   if (checkpointing == Checkpointing::none) return saturate(num_layers * block + head);
   // Full checkpointing: each block's input stays; one block is recomputed at a time in backward.
   const double block_input =
-      static_cast<double>(activation_bytes(in.precision)) * in.micro_batch * in.seq_len * m.hidden_size;
+      static_cast<double>(residual_bytes(in.precision, in.method)) * in.micro_batch * in.seq_len * m.hidden_size;
   return saturate(num_layers * block_input + (num_layers > 0 ? block : 0) + head);
 }
 

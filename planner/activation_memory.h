@@ -17,7 +17,15 @@
 //               down_proj trains
 //   LoRA per adapted module: A's output (a·T·r); with dropout, the dropped-out input (a·T·in)
 //               and its mask (1·T·in) instead of the shared input
-// Full checkpointing keeps only each block's input (a·T·h) and recomputes one block at a time.
+// Full checkpointing keeps only each block's input (r·T·h, the residual stream's dtype: fp32 under
+// amp) and recomputes one block at a time. Framework and knob variants:
+//   k and v repeated to every query head before the attention (repeat_kv: HF, litgpt, torchtune):
+//               a·T·q_dim each instead of a·T·kv_dim
+//   torch.compile (AOTAutograd's min-cut rematerialisation recomputes cheap pointwise ops rather
+//               than saving them): RMSNorm keeps its input as it arrives (r·T·h) and the rstd; SwiGLU
+//               keeps the gate and up outputs only (2·a·T·i), recomputing SiLU and the product
+//   selective checkpointing (Korthikanti et al. 2022, sec. 5: the attention core is recomputed): the
+//               eager attention's scores and softmax are not kept (the fused kernel keeps none)
 #pragma once
 
 #include <cstdint>
@@ -34,9 +42,14 @@ struct ActivationInputs {
   Attention attention = Attention::fused;
   Method method = Method::full;
   LoraSpec lora;
+  bool gqa_kv_repeated = false;  // the framework repeats k and v to every query head
+  bool compile = false;          // torch.compile's rematerialisation
+  bool selective = false;        // selective checkpointing: the attention core recomputed
 };
 
-ActivationInputs activation_inputs(const TrainingSetup& setup, int64_t micro_batch, Attention attention);
+// The job's inputs; seq_len is the padded length memory is planned for (TrainingSetup::memory_seq_len).
+ActivationInputs activation_inputs(const TrainingSetup& setup, int64_t micro_batch, Attention attention,
+                                   bool gqa_kv_repeated = false, bool selective = false);
 
 // Bytes one decoder block keeps for backward, no checkpointing.
 int64_t block_activation_bytes(const ModelSpec& model, const ActivationInputs& in);

@@ -7,7 +7,11 @@
 
 #include "planner/errors.h"
 #include "planner/format.h"
+#include "planner/framework.h"
+#include "planner/memory_report.h"
 #include "planner/model_spec.h"
+#include "planner/plan_report.h"
+#include "planner/plan_search.h"
 
 namespace ftplan {
 namespace {
@@ -62,6 +66,21 @@ std::string model_identity(const std::string& ref) {
 std::string show(const nlohmann::json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); }
 
 }  // namespace
+
+nlohmann::json plan_for_framework(const nlohmann::json& plan, const std::string& framework) {
+  if (!plan.is_object() || !plan.contains("job")) fail_input("plan: no \"job\" object (write it with `ftplan plan -o`)");
+  TrainingSetup setup = training_setup_from_json(plan.at("job"), "plan: job");
+  setup.framework = framework;
+  apply_framework(setup, framework_profile(framework));
+  const ModelSpec model = load_model(setup.model);
+  const HardwareSpec hw = load_hardware(setup.gpu);
+  const Candidate c = candidate_from_setup(setup, setup.strategy.value_or(Strategy::single));
+  const PlanContext ctx = prepare_plan(model, hw, setup, setup.num_gpus);
+  nlohmann::json out = plan;
+  out["job"]["framework"] = framework;
+  out["predicted"] = ranked_candidate_json(evaluate_candidate(ctx, c, Objective::time, true));
+  return out;
+}
 
 std::vector<std::string> job_differences(const nlohmann::json& plan, const nlohmann::json& measured) {
   std::vector<std::string> out;
@@ -188,7 +207,10 @@ nlohmann::json compare_json(const nlohmann::json& plan, const nlohmann::json& me
 }
 
 std::string compare_report(const nlohmann::json& plan, const nlohmann::json& measured, bool force) {
-  const nlohmann::json c = compare_json(plan, measured, force);
+  return compare_table(compare_json(plan, measured, force));
+}
+
+std::string compare_table(const nlohmann::json& c) {
   std::ostringstream out;
   out << std::left << std::setw(34) << "figure" << std::right << std::setw(20) << "predicted" << std::setw(20)
       << "measured" << std::setw(11) << "error %" << "\n";

@@ -16,6 +16,11 @@
 
 namespace ftplan {
 
+// The plan's prediction redone for another framework profile (the run's: ftexec for ftexec's
+// measurements): its job and candidate as written, the profile's behaviour. InputError when the
+// plan's job or model cannot be read.
+nlohmann::json plan_for_framework(const nlohmann::json& plan, const std::string& framework);
+
 // Where the measured run is not the planned job: one line per field that differs (model, method,
 // LoRA rank and targets, precision, sequence length, micro-batch, gradient accumulation,
 // checkpointing, strategy, GPU count), e.g. "method: plan lora, measured full". Empty when alike.
@@ -28,5 +33,7 @@ nlohmann::json compare_json(const nlohmann::json& plan, const nlohmann::json& me
 
 // The rows as a table "figure | predicted | measured | error %", then the notes.
 std::string compare_report(const nlohmann::json& plan, const nlohmann::json& measured, bool force = false);
+// The same table from compare_json's result.
+std::string compare_table(const nlohmann::json& comparison);
 
 }  // namespace ftplan

@@ -28,7 +28,7 @@ constexpr const char* kSourcedFigures[] = {
     "peak_flops_tf32",        "peak_flops_bf16",
     "peak_flops_fp8",         "hbm_bandwidth_bytes_per_s",
     "intra_node_link",        "gpus_per_node",
-    "inter_node_bandwidth_bytes_per_s", "pcie_host_bandwidth_bytes_per_s",
+    "inter_node_bandwidth_bytes_per_s", "pcie_host_bandwidth_bytes_per_s", "host_memory_bytes_per_node",
     "price_usd_per_gpu_hour", "matmul_efficiency",
     "comm_latency_s",         "framework_overhead_bytes"};
 
@@ -171,7 +171,7 @@ HardwareSpec parse(const nlohmann::json& j, const std::string& id, const std::st
   problems.check([&] {
     require_known_keys(j, {"name", "kind", "memory_bytes", "peak_flops", "hbm_bandwidth_bytes_per_s",
                            "intra_node_link", "gpus_per_node", "inter_node_bandwidth_bytes_per_s",
-                           "pcie_host_bandwidth_bytes_per_s", "price_usd_per_gpu_hour",
+                           "pcie_host_bandwidth_bytes_per_s", "host_memory_bytes_per_node", "price_usd_per_gpu_hour",
                            "matmul_efficiency", "comm_latency_s", "framework_overhead_bytes",
                            "topology", "sources"},
                        where);
@@ -221,6 +221,7 @@ HardwareSpec parse(const nlohmann::json& j, const std::string& id, const std::st
   problems.check([&] {
     hw.pcie_host_bandwidth_bytes_per_s =
         read_number(j, "pcie_host_bandwidth_bytes_per_s", where, 1e6, kMaxBandwidthBytesPerS);
+    hw.host_memory_bytes_per_node = read_int(j, "host_memory_bytes_per_node", where, INT64_C(1) << 30, INT64_C(64) << 40);
   });
   problems.check([&] { hw.price_usd_per_gpu_hour = read_number(j, "price_usd_per_gpu_hour", where, 0.0, 1000.0); });
   // An efficiency is a fraction of peak; below 1% it is surely a percentage typed as a fraction.

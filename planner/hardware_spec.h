@@ -45,6 +45,7 @@ struct HardwareSpec {
   int64_t gpus_per_node = 1;               // e.g. 8
   double inter_node_bandwidth_bytes_per_s = 0;  // per GPU, per direction
   double pcie_host_bandwidth_bytes_per_s = 0;   // host<->device copies (offload)
+  int64_t host_memory_bytes_per_node = 0;  // the node's host memory, e.g. 2 TiB for a DGX H100
   double price_usd_per_gpu_hour = 0;       // indicative on-demand rental
   double matmul_efficiency = 0;            // achieved / peak bf16 for training, e.g. 0.45
   double comm_latency_s = 0;               // per collective step (alpha), e.g. 1e-5

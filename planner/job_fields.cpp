@@ -48,6 +48,10 @@ const std::vector<Row>& rows() {
       // The job: the same keys in job files and plans, the same flags in ftplan and ftexec.
       text(FieldType::text, "model", "--model", "", "Model: short name (llama-3-8b) or path of a Hugging Face config.json",
            kJob, [](T& s, const F& f, const J& v, const S& n) { s.model = field_text(f, v, n); }),
+      text(FieldType::text, "framework", "--framework", "",
+           "Framework whose behaviour is predicted: a profile in configs/frameworks/ (hf, deepspeed, fsdp, "
+           "lightning, torchtune, torchtitan, ftexec, ...)", kJobPlan,
+           [](T& s, const F& f, const J& v, const S& n) { s.framework = field_text(f, v, n); }),
       text(FieldType::text, "gpu", "--gpu", "", "GPU id from hwdb/ (a100-80gb-sxm, h100-sxm, rtx-3090, ...)", kJob,
            [](T& s, const F& f, const J& v, const S& n) { s.gpu = field_text(f, v, n); }),
       integer("gpus", "--gpus", 1, 1048576, "GPUs", "Number of GPUs in the job", kJobPlan,
@@ -76,8 +80,8 @@ const std::vector<Row>& rows() {
              }
              s.lora.targets = parse_lora_targets(list, n);
            }),
-      text(FieldType::choice, "precision", "--precision", "mixed|mixed-fp32-grads|bf16|fp32",
-           "Precision convention of weights, gradients and optimizer states", kJob,
+      text(FieldType::choice, "precision", "--precision", "mixed|mixed-fp32-grads|amp|bf16|fp32",
+           "Precision convention of weights, gradients and optimizer states (default: the framework's)", kJob,
            [](T& s, const F& f, const J& v, const S& n) { s.precision = parse_precision(field_text(f, v, n), n); }),
       text(FieldType::choice, "optimizer", "--optimizer", "adamw|adamw8bit|sgd", "Optimizer", kJobPlan,
            [](T& s, const F& f, const J& v, const S& n) { s.optimizer = parse_optimizer(field_text(f, v, n), n); }),
@@ -91,13 +95,37 @@ const std::vector<Row>& rows() {
       integer("grad_accum", "--grad-accum", 1, 1048576, "micro-batches",
               "Micro-batches per optimizer step (pipelines: their micro-batches)", kJob,
               [](T& s, const F& f, const J& v, const S& n) { s.grad_accum = field_int(f, v, n); }),
-      text(FieldType::choice, "checkpointing", "--checkpointing", "none|full", "Activation checkpointing (default: searched)",
+      text(FieldType::choice, "checkpointing", "--checkpointing", "none|full|selective",
+           "Activation checkpointing; selective recomputes the attention core (default: searched)",
            kJob, [](T& s, const F& f, const J& v, const S& n) { s.checkpointing = parse_checkpointing(field_text(f, v, n), n); }),
       text(FieldType::choice, "attention", "--attention", "fused|eager", "Attention: fused (SDPA/flash) or eager", kJob,
            [](T& s, const F& f, const J& v, const S& n) { s.attention = parse_attention(field_text(f, v, n), n); }),
       text(FieldType::choice, "strategy", "--strategy", "single|mp|pipeline|pipeline_1f1b|ddp|zero1|zero2|zero3|fsdp|"
            "fsdp_shard_grad_op|fsdp_hybrid|zero2_offload|zero3_offload", "Fix the strategy (default: searched)", kJob,
            [](T& s, const F& f, const J& v, const S& n) { s.strategy = parse_strategy(field_text(f, v, n), n); }),
+      integer("fsdp_version", "--fsdp-version", 1, 2, "", "PyTorch FSDP 1 (FlatParameter) or 2 (fully_shard) "
+              "(default: the framework's)", kJobPlan,
+              [](T& s, const F& f, const J& v, const S& n) { s.fsdp_version = field_int(f, v, n); }),
+      text(FieldType::choice, "loss", "--loss", "full|chunked|fused-linear",
+           "How the loss is computed: full logits, chunked over tokens, fused with the head (default: the framework's)",
+           kJobPlan, [](T& s, const F& f, const J& v, const S& n) { s.loss = parse_loss(field_text(f, v, n), n); }),
+      text(FieldType::boolean, "quantization.double_quant", "--double-quant", "",
+           "QLoRA: bitsandbytes double quantisation of the absmaxes (default: the framework's)", kJobPlan,
+           [](T& s, const F& f, const J& v, const S& n) { s.quantization.double_quant = field_bool(f, v, n); }),
+      text(FieldType::boolean, "activation_offload", "--activation-offload", "",
+           "Activations kept in host memory between forward and backward (torchtune)", kJobPlan,
+           [](T& s, const F& f, const J& v, const S& n) { s.activation_offload = field_bool(f, v, n); }),
+      text(FieldType::boolean, "optimizer_in_backward", "--optimizer-in-backward", "",
+           "Each parameter updated as soon as its gradient is ready, then the gradient freed (torchtune)", kJobPlan,
+           [](T& s, const F& f, const J& v, const S& n) { s.optimizer_in_backward = field_bool(f, v, n); }),
+      text(FieldType::boolean, "compile", "--compile", "", "torch.compile (where the framework offers it)", kJobPlan,
+           [](T& s, const F& f, const J& v, const S& n) { s.compile = field_bool(f, v, n); }),
+      text(FieldType::boolean, "packing", "--packing", "",
+           "Rows packed to seq-len (else each batch is padded to its longest row; default: the framework's)", kJobPlan,
+           [](T& s, const F& f, const J& v, const S& n) { s.packing = field_bool(f, v, n); }),
+      number("host_memory_gib", "--host-memory-gib", 0, 1048576, true, false, "GiB",
+             "Host memory per node (default: the hwdb entry's)", kJobPlan,
+             [](T& s, const F& f, const J& v, const S& n) { s.host_memory_gib = field_number(f, v, n); }),
       number("efficiency", "--efficiency", 1e-4, 1, false, false, "fraction of peak FLOP/s",
              "Achieved fraction of the GPU's peak (default: from hwdb)", kJobPlan,
              [](T& s, const F& f, const J& v, const S& n) { s.efficiency = field_number(f, v, n); }),
@@ -111,6 +139,9 @@ const std::vector<Row>& rows() {
       integer("dataset.mean_tokens_per_row", "--mean-tokens-per-row", 1, kMaxTokens, "tokens",
               "Mean tokens per row (default: the sequence length)", kJobPlan,
               [](T& s, const F& f, const J& v, const S& n) { s.dataset.mean_tokens_per_row = field_int(f, v, n); }),
+      integer("dataset.max_tokens_per_row", "--max-tokens-per-row", 1, kMaxTokens, "tokens",
+              "The longest row: padded batches are planned for it (default: the sequence length)", kJobPlan,
+              [](T& s, const F& f, const J& v, const S& n) { s.dataset.max_tokens_per_row = field_int(f, v, n); }),
       integer("dataset.tokens", "--dataset-tokens", 1, 1125899906842624.0, "tokens",
               "Tokens in the dataset (instead of rows)", kJobPlan,
               [](T& s, const F& f, const J& v, const S& n) { s.dataset.tokens = field_int(f, v, n); }),
@@ -274,6 +305,7 @@ nlohmann::json field_value_from_text(const FieldSpec& f, const std::string& text
 void apply_job_field(TrainingSetup& setup, const FieldSpec& f, const nlohmann::json& value, const std::string& name) {
   const Row& r = row_where(true, f.key);
   if (r.apply) r.apply(setup, f, value, name);
+  setup.given.insert(f.key);
 }
 
 void validate_job(const TrainingSetup& s, const ModelSpec& model, const std::string& where) {
@@ -291,6 +323,10 @@ void validate_job(const TrainingSetup& s, const ModelSpec& model, const std::str
     problems.push_back("--gpus (gpus) " + std::to_string(s.num_gpus) + " > num_hidden_layers " +
                        std::to_string(model.num_layers) + ": " + to_string(*s.strategy) +
                        " needs at least one layer per stage");
+  if (s.dataset.max_tokens_per_row > 0 && s.dataset.mean_tokens_per_row > s.dataset.max_tokens_per_row)
+    problems.push_back("--max-tokens-per-row (dataset.max_tokens_per_row) " + std::to_string(s.dataset.max_tokens_per_row) +
+                       " is below --mean-tokens-per-row (dataset.mean_tokens_per_row) " +
+                       std::to_string(s.dataset.mean_tokens_per_row));
   if (s.dataset.mean_tokens_per_row > 0 && s.dataset.tokens > 0)
     problems.push_back("--mean-tokens-per-row (dataset.mean_tokens_per_row) and --dataset-tokens (dataset.tokens): "
                        "give rows with their mean length, or tokens, not both");

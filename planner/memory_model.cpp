@@ -5,23 +5,18 @@
 #include <sstream>
 
 #include "planner/activation_memory.h"
+#include "planner/framework.h"
 #include "planner/format.h"
 #include "planner/precision.h"
 
 namespace ftplan {
 namespace {
 
-// NCCL's communicator buffers per GPU in a distributed job (estimate: 4 MiB × channels × peers
-// on NVLink rings, rounded up; NCCL_BUFFSIZE default 4 MiB).
-constexpr int64_t kNcclBufferBytes = INT64_C(256) << 20;
-// DeepSpeed ZeRO-1/2 default reduce_bucket_size / allgather_bucket_size: 5e8 elements.
-constexpr double kZeroBucketElements = 5e8;
-
 // Parameters of one unit (the embedding, one block, the head), by how they are stored.
 struct UnitParams {
   int64_t trainable = 0;  // stored with the trainable convention (weights, gradients, optimizer)
-  int64_t frozen = 0;     // stored in the compute dtype
-  int64_t nf4 = 0;        // stored in NF4 (QLoRA's frozen block linears)
+  int64_t frozen = 0;     // stored as the framework keeps frozen weights
+  int64_t nf4 = 0;        // stored in NF4 (QLoRA's quantised linears)
   int64_t nf4_bytes = 0;  // their storage, tensor by tensor (nf4_storage_bytes)
   int64_t total() const { return trainable + frozen + nf4; }
 };
@@ -41,18 +36,21 @@ int64_t lora_params_per_layer(const ModelSpec& model, const LoraSpec& lora) {
 
 struct JobUnits {
   UnitParams embedding, layer, head;  // head: final norm + lm_head (when untied)
-  int64_t largest_linear = 0;         // elements of the largest block linear weight
+  int64_t largest_quantized = 0;      // elements of the largest NF4 weight
+  int64_t layer_linear_weights = 0;   // elements of one block's linear weights (amp copies)
 };
 
-JobUnits job_units(const ModelSpec& model, const TrainingSetup& setup) {
+JobUnits job_units(const ModelSpec& model, const TrainingSetup& setup, const FrameworkProfile& fw) {
   const ParamCounts p = count_params(model);
+  const bool dq = setup.quantization.double_quant;
   JobUnits u;
   int64_t linear_weights = 0, linear_nf4_bytes = 0;
   for (const auto& lin : block_linears(model)) {
     linear_weights += lin.in_features * lin.out_features;
-    linear_nf4_bytes += nf4_storage_bytes(lin.in_features * lin.out_features);
-    u.largest_linear = std::max(u.largest_linear, lin.in_features * lin.out_features);
+    linear_nf4_bytes += nf4_storage_bytes(lin.in_features * lin.out_features, dq);
+    u.largest_quantized = std::max(u.largest_quantized, lin.in_features * lin.out_features);
   }
+  u.layer_linear_weights = linear_weights;
   switch (setup.method) {
     case Method::full:
       u.embedding = {p.embedding, 0, 0};
@@ -64,52 +62,98 @@ JobUnits job_units(const ModelSpec& model, const TrainingSetup& setup) {
       u.layer = {lora_params_per_layer(model, setup.lora), p.per_layer, 0};
       u.head = {0, p.final_norm + p.lm_head, 0};
       break;
-    case Method::qlora:  // bitsandbytes quantises the block linears' weights; the rest stays bf16
+    case Method::qlora: {  // the block linears in NF4 (and the head where the framework quantises it)
       u.embedding = {0, p.embedding, 0};
       u.layer = {lora_params_per_layer(model, setup.lora), p.per_layer - linear_weights, linear_weights, linear_nf4_bytes};
-      u.head = {0, p.final_norm + p.lm_head, 0};
+      const bool q_head = fw.quantize_lm_head && p.lm_head > 0;
+      u.head = {0, p.final_norm + (q_head ? 0 : p.lm_head), q_head ? p.lm_head : 0,
+                q_head ? nf4_storage_bytes(p.lm_head, dq) : 0};
+      if (q_head) u.largest_quantized = std::max(u.largest_quantized, p.lm_head);
       break;
+    }
   }
   return u;
 }
 
 struct StateBytes {
-  double weights = 0, gradients = 0, optimizer = 0;
+  double weights = 0, compute = 0, gradients = 0, optimizer = 0;
 };
 
-StateBytes state_bytes(const UnitParams& u, const TrainingSetup& setup) {
+// A unit's bytes: as stored, as gathered for compute (bf16 under mixed/amp/bf16), its gradients and
+// optimizer states. QLoRA's unquantised weights are fp32 where the framework upcasts them
+// (prepare_model_for_kbit_training).
+StateBytes state_bytes(const UnitParams& u, const TrainingSetup& setup, const FrameworkProfile& fw) {
   const ParamBytes tb = trainable_param_bytes(setup.precision, setup.optimizer);
-  return {u.trainable * tb.weight + u.frozen * frozen_weight_bytes(setup.precision) + double(u.nf4_bytes),
-          u.trainable * tb.gradient, u.trainable * tb.optimizer};
+  const double frozen = setup.method == Method::qlora && fw.fp32_upcast_unquantized ? 4.0 : frozen_weight_bytes(setup.precision);
+  const double compute = activation_bytes(setup.precision);
+  return {u.trainable * tb.weight + u.frozen * frozen + double(u.nf4_bytes),
+          (u.trainable + u.frozen) * compute + double(u.nf4_bytes), u.trainable * tb.gradient, u.trainable * tb.optimizer};
 }
 
 // Every term saturates at 2^59 bytes (512 PiB): absurd sizes stay absurd instead of overflowing,
 // and eight saturated terms still add up inside int64.
 constexpr double kMaxTermBytes = 576460752303423488.0;  // 2^59
-int64_t to_bytes(double x) { return static_cast<int64_t>(std::ceil(std::min(x, kMaxTermBytes))); }
+int64_t to_bytes(double x) { return static_cast<int64_t>(std::ceil(std::min(std::max(x, 0.0), kMaxTermBytes))); }
 
 bool is_pipeline(Strategy s) {
   return s == Strategy::mp || s == Strategy::pipeline_gpipe || s == Strategy::pipeline_1f1b;
 }
+bool is_fsdp(Strategy s) {
+  return s == Strategy::fsdp || s == Strategy::fsdp_hybrid || s == Strategy::fsdp_shard_grad_op;
+}
+bool shards_weights(Strategy s) {
+  return s == Strategy::zero3 || s == Strategy::zero3_offload || s == Strategy::fsdp || s == Strategy::fsdp_hybrid;
+}
+
+int64_t sum_terms(const MemoryBreakdown& m) {
+  return m.weights + m.gradients + m.optimizer + m.activations + m.logits_loss + m.temporary;
+}
+
+// The three figures of one moment's allocations: allocated (+ cuBLAS workspace, which the caching
+// allocator holds), reserved (the allocator's slack, by the profile), device (+ CUDA context and
+// NCCL buffers). A host-only device has none of these.
+struct Figures {
+  int64_t allocated = 0, reserved = 0, device = 0;
+};
+Figures figures(int64_t tensor_bytes, const HardwareSpec& hw, const FrameworkProfile& fw, bool distributed) {
+  if (hw.kind != "gpu") return {tensor_bytes, tensor_bytes, tensor_bytes};
+  Figures f;
+  f.allocated = tensor_bytes + fw.cublas_workspace_bytes;
+  f.reserved = to_bytes(double(f.allocated) * fw.reserved_over_allocated);
+  f.device = f.reserved + fw.cuda_context_bytes + (distributed ? fw.nccl_bytes_per_gpu : 0);
+  return f;
+}
 
 void finish(MemoryEstimate& e, const HardwareSpec& hw, const TrainingSetup& setup, bool explain) {
   auto& m = e.per_gpu;
-  m.total = m.weights + m.gradients + m.optimizer + m.activations + m.logits_loss + m.temporary + m.overhead;
   e.usable_bytes = static_cast<int64_t>(hw.memory_bytes * (1.0 - setup.headroom_fraction));
-  e.fits = m.total <= e.usable_bytes;
-  if (!e.fits && explain) {
-    std::ostringstream r;
+  const double host_node = setup.host_memory_gib ? *setup.host_memory_gib * double(1ll << 30)
+                                                 : double(hw.host_memory_bytes_per_node);
+  e.host_usable_bytes = static_cast<int64_t>(host_node * (1.0 - setup.headroom_fraction));
+  const bool device_fits = m.total <= e.usable_bytes;
+  const bool host_fits = e.host_per_node <= e.host_usable_bytes;
+  e.fits = device_fits && host_fits;
+  if (e.fits || !explain) return;
+  std::ostringstream r;
+  if (!device_fits) {
     r << "out of memory by " << format_gib(m.total - e.usable_bytes) << ": needs " << format_gib(m.total)
-      << " per GPU, " << hw.id << " has " << format_gib(e.usable_bytes) << " usable ("
-      << format_gib(hw.memory_bytes) << " less " << setup.headroom_fraction * 100 << "% headroom)";
-    e.reason = r.str();
+      << " per GPU (" << e.peak_phase << (e.peak_phase == "step" ? ", " + e.peak_moment : "") << "), " << hw.id
+      << " has " << format_gib(e.usable_bytes) << " usable (" << format_gib(hw.memory_bytes) << " less "
+      << setup.headroom_fraction * 100 << "% headroom)";
   }
+  if (!host_fits) {
+    if (!device_fits) r << "; ";
+    r << "out of host memory by " << format_gib(e.host_per_node - e.host_usable_bytes) << ": needs "
+      << format_gib(e.host_per_node) << " per node, it has " << format_gib(e.host_usable_bytes) << " usable ("
+      << format_gib(host_node) << (setup.host_memory_gib ? " from --host-memory-gib" : " per node in hwdb") << ")";
+  }
+  e.reason = r.str();
 }
 
 }  // namespace
 
 TrainableParams trainable_params(const ModelSpec& model, const TrainingSetup& setup) {
-  const JobUnits u = job_units(model, setup);
+  const JobUnits u = job_units(model, setup, framework_profile(setup.framework));
   const UnitParams all = u.embedding + model.num_layers * u.layer + u.head;
   TrainableParams t;
   t.total = count_params(model).total;
@@ -125,25 +169,61 @@ PreparedJob prepare_job(const ModelSpec& model, const HardwareSpec& hw, const Tr
   j.model = &model;
   j.hw = &hw;
   j.setup = &setup;
-  const JobUnits u = job_units(model, setup);
-  const StateBytes e = state_bytes(u.embedding, setup), l = state_bytes(u.layer, setup), h = state_bytes(u.head, setup);
+  j.framework = &framework_profile(setup.framework);
+  const FrameworkProfile& fw = *j.framework;
+  const JobUnits u = job_units(model, setup, fw);
+  const StateBytes e = state_bytes(u.embedding, setup, fw), l = state_bytes(u.layer, setup, fw),
+                   h = state_bytes(u.head, setup, fw);
   j.embedding_weight_bytes = e.weights;
+  j.embedding_compute_bytes = e.compute;
   j.embedding_grad_bytes = e.gradients;
   j.embedding_opt_bytes = e.optimizer;
   j.layer_weight_bytes = l.weights;
+  j.layer_compute_bytes = l.compute;
   j.layer_grad_bytes = l.gradients;
   j.layer_opt_bytes = l.optimizer;
   j.head_weight_bytes = h.weights;
+  j.head_compute_bytes = h.compute;
   j.head_grad_bytes = h.gradients;
   j.head_opt_bytes = h.optimizer;
   j.tied_head_weight_bytes = model.tie_word_embeddings ? e.weights : 0;
-  j.trainable_params = (u.embedding + model.num_layers * u.layer + u.head).trainable;
-  j.dequant_bytes = setup.method == Method::qlora ? 2 * u.largest_linear : 0;
+  const UnitParams all = u.embedding + model.num_layers * u.layer + u.head;
+  j.trainable_params = all.trainable;
+  const ParamBytes tb = trainable_param_bytes(setup.precision, setup.optimizer);
+  // FSDP-1 with use_orig_params: a unit mixing frozen and trainable weights keeps a gradient for
+  // all of it (the FlatParameter's gradient is whole) unless the adapters are units of their own.
+  if (setup.method != Method::full && !fw.fsdp_lora_separate_units && setup.fsdp_version == 1)
+    j.layer_frozen_grad_bytes = (u.layer.frozen + u.layer.nf4) * tb.gradient;
+  // amp: autocast's bf16 copies of fp32 weights (full fine-tuning; a LoRA base is already bf16).
+  const bool amp_copies = setup.precision == Precision::amp && fw.autocast_weight_copies && setup.method == Method::full;
+  const ParamCounts pc = count_params(model);
+  j.layer_weight_copy_bytes = amp_copies ? 2.0 * u.layer_linear_weights : 0;
+  j.head_weight_copy_bytes = amp_copies ? 2.0 * (pc.lm_head > 0 ? pc.lm_head : pc.embedding) : 0;
+  // The optimizer step's temporaries, per trainable parameter with fp32 states (halved with bf16 ones).
+  const double state_scale = setup.precision == Precision::bf16 ? 0.5 : 1.0;
+  j.optimizer_transient_bytes = setup.optimizer == Optimizer::adamw
+                                    ? fw.optimizer_step_transient_bytes_per_param * state_scale * j.trainable_params
+                                    : 0;
+  // Loading holds the weights as they are stored, QLoRA's quantised ones in the compute dtype first
+  // (bitsandbytes quantises each weight on its way to the GPU).
+  j.model_load_bytes = e.weights + model.num_layers * l.weights + h.weights +
+                       double(all.nf4) * activation_bytes(setup.precision) - double(all.nf4_bytes);
+  j.trainable_save_bytes = double(j.trainable_params) * (setup.method == Method::full ? tb.weight : 2.0);
+  j.dequant_bytes = setup.method == Method::qlora
+                        ? to_bytes(fw.dequant_weights_alive * activation_bytes(setup.precision) * u.largest_quantized)
+                        : 0;
   for (Attention a : {Attention::fused, Attention::eager})
-    j.block_bytes_per_sample[static_cast<int>(a)] = block_activation_bytes(model, activation_inputs(setup, 1, a));
+    for (int sel = 0; sel < 2; ++sel)
+      j.block_bytes_per_sample[static_cast<int>(a)][sel] =
+          block_activation_bytes(model, activation_inputs(setup, 1, a, fw.gqa_kv_repeated, sel == 1));
   j.head_bytes_per_sample = head_activation_bytes(model, activation_inputs(setup, 1, Attention::fused));
-  j.block_input_bytes_per_sample = activation_bytes(setup.precision) * setup.seq_len * model.hidden_size;
-  j.logits_bytes_per_sample = logits_loss_bytes(model, 1, setup.seq_len);
+  const double S = static_cast<double>(setup.memory_seq_len());
+  j.block_input_bytes_per_sample = residual_bytes(setup.precision, setup.method) * setup.memory_seq_len() * model.hidden_size;
+  const LossProfile& loss = fw.losses.count(setup.loss) ? fw.losses.at(setup.loss) : fw.losses.at(fw.loss);
+  j.loss_peak_bytes_per_sample =
+      S * (loss.peak_bytes_per_token_vocab * model.vocab_size + loss.peak_bytes_per_token_hidden * model.hidden_size);
+  j.loss_kept_bytes_per_sample =
+      S * (loss.kept_bytes_per_token_vocab * model.vocab_size + loss.kept_bytes_per_token_hidden * model.hidden_size);
   return j;
 }
 
@@ -156,30 +236,40 @@ MemoryEstimate estimate_memory(const PreparedJob& job, const Candidate& c, int64
   const ModelSpec& model = *job.model;
   const HardwareSpec& hw = *job.hw;
   const TrainingSetup& setup = *job.setup;
+  const FrameworkProfile& fw = *job.framework;
   MemoryEstimate e;
   e.strategy = c.strategy;
   e.candidate = c;
   const int64_t N = std::max<int64_t>(1, num_gpus);
   e.gpus_used = c.strategy == Strategy::single ? 1 : N;
+  const bool distributed = e.gpus_used > 1;
   // Per-micro-batch sizes in double: a product of absurd sizes saturates (to_bytes) rather than
   // overflowing.
   const double B = static_cast<double>(c.micro_batch);
-  const double block = B * job.block_bytes_per_sample[static_cast<int>(c.attention)];
+  const bool ckpt = c.checkpointing == Checkpointing::full;
+  const int sel = c.checkpointing == Checkpointing::selective ? 1 : 0;
+  const double block = B * job.block_bytes_per_sample[static_cast<int>(c.attention)][sel];
+  const double block_full = B * job.block_bytes_per_sample[static_cast<int>(c.attention)][0];  // a recomputed block
   const double head_act = B * job.head_bytes_per_sample;
   const double block_input = B * job.block_input_bytes_per_sample;
-  const double logits = B * job.logits_bytes_per_sample;
-  const bool ckpt = c.checkpointing == Checkpointing::full;
+  const double loss_peak = B * job.loss_peak_bytes_per_sample;
+  const double loss_kept = B * job.loss_kept_bytes_per_sample;
+  const bool offload_act = c.activation_offload && ckpt;
   auto& m = e.per_gpu;
+  double act_host = 0;  // activation offloading: the block inputs in host memory, per rank
 
-  // Activations of `layers` blocks with `in_flight` micro-batches alive (pipelines keep several).
+  // Activations of `layers` blocks with `in_flight` micro-batches alive (pipelines keep several),
+  // with amp's bf16 weight copies (saved once per micro-batch's forward).
   auto activations = [&](int64_t layers, bool with_head, int64_t in_flight) {
-    double kept = ckpt ? layers * block_input : layers * block;
-    double bytes = in_flight * (kept + (with_head ? head_act : 0));
-    if (ckpt && layers > 0) bytes += block;  // the block being recomputed
+    double kept = ckpt ? layers * block_input : layers * (block + job.layer_weight_copy_bytes);
+    if (offload_act) {  // all but the inputs being copied out / brought back stay on the host
+      act_host += in_flight * std::max<int64_t>(0, layers - 2) * block_input;
+      kept = std::min<int64_t>(layers, 2) * block_input;
+    }
+    double bytes = in_flight * (kept + (with_head ? head_act + job.head_weight_copy_bytes : 0));
+    if (ckpt && layers > 0) bytes += block_full + job.layer_weight_copy_bytes;  // the block being recomputed
     return to_bytes(bytes);
   };
-
-  m.overhead = hw.framework_overhead_bytes + (e.gpus_used > 1 && hw.kind == "gpu" ? kNcclBufferBytes : 0);
 
   if (is_pipeline(c.strategy)) {
     // Stage k holds consecutive layers; the first stage the embedding, the last the head and loss
@@ -187,6 +277,7 @@ MemoryEstimate estimate_memory(const PreparedJob& job, const Candidate& c, int64
     const int64_t p = std::min<int64_t>(N, model.num_layers);
     const int64_t micro_batches = c.strategy == Strategy::mp ? 1 : setup.grad_accum;
     MemoryBreakdown worst;
+    int64_t worst_sum = -1;
     for (int64_t k = 0; k < p; ++k) {
       const int64_t layers = model.num_layers / p + (k < model.num_layers % p ? 1 : 0);
       const bool first = k == 0, last = k == p - 1;
@@ -200,83 +291,146 @@ MemoryEstimate estimate_memory(const PreparedJob& job, const Candidate& c, int64
       s.gradients = to_bytes(g);
       s.optimizer = to_bytes(o);
       s.activations = activations(layers, last, in_flight);
-      // The loss keeps fp32 log-probs (4·T·V) for each micro-batch in flight beyond the current one.
-      s.logits_loss = last ? to_bytes(logits + (in_flight - 1) * (logits / 3)) : 0;
+      // The loss's peak for the current micro-batch, and what it keeps for each other one in flight.
+      s.logits_loss = last ? to_bytes(loss_peak + (in_flight - 1) * loss_kept) : 0;
       // Received activations and the gradient sent back: two block-input-sized buffers.
       s.temporary = to_bytes((p > 1 ? 2 * block_input : 0) + job.dequant_bytes);
-      s.overhead = m.overhead;
-      s.total = s.weights + s.gradients + s.optimizer + s.activations + s.logits_loss + s.temporary + s.overhead;
-      if (s.total > worst.total) worst = s;
+      if (sum_terms(s) > worst_sum) worst = s, worst_sum = sum_terms(s);
     }
     m = worst;
-    finish(e, hw, setup, explain);
-    return e;
+    e.peak_moment = "forward-backward";
+  } else {
+    const double layers = static_cast<double>(model.num_layers);
+    double w = job.embedding_weight_bytes + layers * job.layer_weight_bytes + job.head_weight_bytes;
+    double g = job.embedding_grad_bytes + layers * job.layer_grad_bytes + job.head_grad_bytes;
+    double o = job.embedding_opt_bytes + layers * job.layer_opt_bytes + job.head_opt_bytes;
+    if (!ckpt) {
+      m.activations = activations(model.num_layers, true, 1);
+      m.logits_loss = to_bytes(loss_peak);
+    } else {
+      // Backward runs the head (and frees the loss's tensors) before it recomputes the last block,
+      // so the recomputed block and the loss peak are never alive together: activations hold every
+      // block input and the recomputed block; logits+loss only what the head and loss need beyond.
+      m.activations = activations(model.num_layers, false, 1);
+      const double recompute = block_full + job.layer_weight_copy_bytes;
+      m.logits_loss = to_bytes(std::max(0.0, head_act + job.head_weight_copy_bytes + loss_peak - recompute));
+    }
+    const double grad_bytes_per_elem = trainable_param_bytes(setup.precision, setup.optimizer).gradient;
+    const double bucket_elements = fw.zero_bucket_is_hidden_squared
+                                       ? double(model.hidden_size) * double(model.hidden_size)
+                                       : fw.zero_reduce_bucket_elements;
+    const double bucket = std::min(g, bucket_elements * grad_bytes_per_elem) * (fw.zero_overlap_comm_double_buffer ? 2 : 1);
+    // Gathered units are in the compute dtype (bf16 under mixed and amp).
+    const double layer_c = job.layer_compute_bytes, layer_g = job.layer_grad_bytes + job.layer_frozen_grad_bytes;
+    const double largest_unit_c = std::max(layer_c, std::max(job.embedding_compute_bytes, job.head_compute_bytes));
+    const int64_t shard = c.strategy == Strategy::fsdp_hybrid ? std::min(N, hw.gpus_per_node) : N;
+    const double host_fp32_grads = 4.0 * job.trainable_params;
+    // FSDP-1 units mixing frozen and trainable weights hold gradients for the frozen part too.
+    if (is_fsdp(c.strategy)) g += layers * job.layer_frozen_grad_bytes;
+    // Gradient accumulation under no_sync keeps every unit's gradient unsharded between micro-batches.
+    const bool unsharded_grads = is_fsdp(c.strategy) && setup.grad_accum > 1 && fw.fsdp_no_sync_unsharded_grads;
+    double temp = job.dequant_bytes, host = 0, opt_transient = job.optimizer_transient_bytes;
+    switch (c.strategy) {
+      case Strategy::single: break;
+      case Strategy::ddp: temp += g; break;  // buckets copy every gradient (gradient_as_bucket_view=False)
+      case Strategy::zero1: o /= N; opt_transient /= N; temp += bucket; break;
+      case Strategy::zero2: g /= N; o /= N; opt_transient /= N; temp += bucket; break;
+      case Strategy::zero3:  // largest gathered unit + the prefetched layer + one layer's full gradients
+        w /= N; g /= N; o /= N; opt_transient /= N;
+        temp += largest_unit_c + layer_c + layer_g;
+        break;
+      case Strategy::fsdp:
+      case Strategy::fsdp_hybrid:  // the last unit (norm, lm_head) is not resharded after forward
+        w /= shard; o /= shard; opt_transient /= shard;
+        g = unsharded_grads ? g : g / shard;
+        temp += job.head_compute_bytes + 2 * largest_unit_c + (unsharded_grads ? 0 : layer_g);
+        break;
+      case Strategy::fsdp_shard_grad_op: {  // parameters stay gathered from forward through backward
+        const double gathered = job.embedding_compute_bytes + layers * layer_c + job.head_compute_bytes;
+        w = w / N + gathered; o /= N; opt_transient /= N;
+        g = unsharded_grads ? g : g / N;
+        temp += unsharded_grads ? 0 : layer_g;
+        break;
+      }
+      case Strategy::zero2_offload:
+        // ZeRO-Offload: the reduced gradient shard goes to the host (fp32), where AdamW updates a copy
+        // of the weight shard; the GPU keeps the weights and the reduction bucket(s).
+        host = (job.trainable_params * trainable_param_bytes(setup.precision, setup.optimizer).weight + o +
+                host_fp32_grads) / N;
+        o = 0; g = 0; opt_transient = 0;
+        temp += bucket;
+        break;
+      case Strategy::zero3_offload:  // parameters too: the GPU holds only gathered units (as zero3)
+        host = (w + o + host_fp32_grads) / N;
+        w = 0; g = 0; o = 0; opt_transient = 0;
+        temp += largest_unit_c + layer_c + layer_g;
+        break;
+      default: break;
+    }
+    if (setup.paged_optimizer) {  // bitsandbytes pages optimizer states out to host memory under pressure
+      host += o;
+      o = 0;
+    }
+    // The optimizer step in backward frees each gradient as soon as it is applied: one unit's at a time.
+    if (setup.optimizer_in_backward) g = std::min(g, std::max({job.layer_grad_bytes, job.embedding_grad_bytes, job.head_grad_bytes}));
+    m.weights = to_bytes(w);
+    m.gradients = to_bytes(g);
+    m.optimizer = to_bytes(o);
+    m.temporary = to_bytes(temp);
+    m.host = to_bytes(host);
+    e.peak_moment = "forward-backward";
+    // The optimizer step, after backward: activations gone, its own temporaries alive. The peak when
+    // they outweigh the activations (full fine-tuning with little activation memory).
+    const int64_t at_step = m.weights + m.gradients + m.optimizer + to_bytes(opt_transient) +
+                            (c.strategy == Strategy::ddp ? to_bytes(temp - job.dequant_bytes) : 0);
+    if (at_step > sum_terms(m)) {
+      m.temporary = at_step - m.weights - m.gradients - m.optimizer;
+      m.activations = 0;
+      m.logits_loss = 0;
+      e.peak_moment = "optimizer step";
+    }
   }
 
-  const double layers = static_cast<double>(model.num_layers);
-  double w = job.embedding_weight_bytes + layers * job.layer_weight_bytes + job.head_weight_bytes;
-  double g = job.embedding_grad_bytes + layers * job.layer_grad_bytes + job.head_grad_bytes;
-  double o = job.embedding_opt_bytes + layers * job.layer_opt_bytes + job.head_opt_bytes;
-  if (!ckpt) {
-    m.activations = activations(model.num_layers, true, 1);
-    m.logits_loss = to_bytes(logits);
-  } else {
-    // Backward runs the head (and frees the loss's tensors) before it recomputes the last block,
-    // so the recomputed block and the loss peak are never alive together: activations hold every
-    // block input and the recomputed block; logits+loss only what the head and loss need beyond.
-    m.activations = to_bytes(model.num_layers * block_input + block);
-    m.logits_loss = to_bytes(std::max(0.0, head_act + logits - block));
+  // The three figures of the step's peak.
+  const Figures step = figures(sum_terms(m), hw, fw, distributed);
+  e.allocated_peak = step.allocated;
+  e.reserved_peak = step.reserved;
+  e.device_peak = step.device;
+  m.total = step.device;
+  m.overhead = m.total - sum_terms(m);
+
+  // Loading: the weights arrive before any gradient or optimizer state. A sharded strategy holds its
+  // shard plus one unit being sharded; QLoRA quantises one weight at a time from the load dtype.
+  const bool sharded = shards_weights(c.strategy);
+  const double unit_load = std::max({job.layer_weight_bytes, job.embedding_weight_bytes, job.head_weight_bytes});
+  double load_tensors = (sharded ? double(m.weights) + unit_load : double(m.weights));
+  if (c.strategy == Strategy::zero3_offload) load_tensors = unit_load;
+  if (setup.method == Method::qlora) load_tensors += job.dequant_bytes;
+  e.load.device_bytes = figures(to_bytes(load_tensors), hw, fw, distributed).device;
+  e.step.device_bytes = step.device;
+  // Saving after an optimizer step: gradients freed; sharded strategies gather unit by unit.
+  const double save_tensors =
+      double(m.weights + m.optimizer) + (sharded && fw.save_gathers_units_on_gpu ? unit_load : 0.0);
+  e.save.device_bytes = figures(to_bytes(save_tensors), hw, fw, distributed).device;
+
+  // Host memory per node: every rank's process, loading copies, offloaded states, saved state dict.
+  const int64_t ranks = std::min<int64_t>(e.gpus_used, std::max<int64_t>(1, hw.gpus_per_node));
+  const double process = hw.kind == "gpu" ? double(ranks) * fw.host_process_bytes_per_rank : 0.0;
+  const double offloaded = double(ranks) * (double(m.host) + act_host);
+  auto copies = [&](HostCopies h, double bytes) {
+    return h == HostCopies::per_rank ? ranks * bytes : h == HostCopies::rank0 ? bytes : 0.0;
+  };
+  e.load.host_bytes_per_node = to_bytes(process + copies(fw.load_host_copies, job.model_load_bytes));
+  e.step.host_bytes_per_node = to_bytes(process + offloaded);
+  e.save.host_bytes_per_node = to_bytes(process + offloaded + copies(fw.save_host_copies, job.trainable_save_bytes));
+  e.host_per_node = std::max({e.load.host_bytes_per_node, e.step.host_bytes_per_node, e.save.host_bytes_per_node});
+  e.peak_phase = e.load.device_bytes > e.step.device_bytes && e.load.device_bytes >= e.save.device_bytes ? "load"
+                 : e.save.device_bytes > e.step.device_bytes                                         ? "save"
+                                                                                                     : "step";
+  if (e.peak_phase != "step") {
+    m.total = std::max(e.load.device_bytes, e.save.device_bytes);
+    m.overhead = m.total - sum_terms(m);
   }
-  const double layer_w = job.layer_weight_bytes, layer_g = job.layer_grad_bytes;
-  const double largest_unit_w = std::max(layer_w, std::max(job.embedding_weight_bytes, job.head_weight_bytes));
-  const double bucket =
-      std::min(g, kZeroBucketElements * trainable_param_bytes(setup.precision, setup.optimizer).gradient);
-  const int64_t shard = c.strategy == Strategy::fsdp_hybrid ? std::min(N, hw.gpus_per_node) : N;
-  const double host_fp32_grads = 4.0 * job.trainable_params;
-  double temp = job.dequant_bytes, host = 0;
-  switch (c.strategy) {
-    case Strategy::single: break;
-    case Strategy::ddp: temp += g; break;  // buckets copy every gradient (gradient_as_bucket_view=False)
-    case Strategy::zero1: o /= N; temp += bucket; break;
-    case Strategy::zero2: g /= N; o /= N; temp += bucket; break;
-    case Strategy::zero3:  // largest gathered unit + the prefetched layer + one layer's full gradients
-      w /= N; g /= N; o /= N;
-      temp += largest_unit_w + layer_w + layer_g;
-      break;
-    case Strategy::fsdp:
-    case Strategy::fsdp_hybrid:  // the last unit (norm, lm_head) is not resharded after forward
-      w /= shard; g /= shard; o /= shard;
-      temp += job.head_weight_bytes + 2 * largest_unit_w + layer_g;
-      break;
-    case Strategy::fsdp_shard_grad_op:  // parameters stay gathered from forward through backward
-      w = w + w / N; g /= N; o /= N;
-      temp += layer_g;
-      break;
-    case Strategy::zero2_offload:
-      // ZeRO-Offload: the reduced gradient shard goes to the host (fp32), where AdamW updates a copy
-      // of the weight shard; the GPU keeps the weights and the reduction bucket. (DeepSpeed's
-      // overlap_comm double-buffers that bucket: one more bucket, not counted.)
-      host = (job.trainable_params * trainable_param_bytes(setup.precision, setup.optimizer).weight + o +
-              host_fp32_grads) / N;
-      o = 0; g = 0;
-      temp += bucket;
-      break;
-    case Strategy::zero3_offload:  // parameters too: the GPU holds only gathered units (as zero3)
-      host = (w + o + host_fp32_grads) / N;
-      w = 0; g = 0; o = 0;
-      temp += largest_unit_w + layer_w + layer_g;
-      break;
-    default: break;
-  }
-  if (setup.paged_optimizer) {  // bitsandbytes pages optimizer states out to host memory under pressure
-    host += o;
-    o = 0;
-  }
-  m.weights = to_bytes(w);
-  m.gradients = to_bytes(g);
-  m.optimizer = to_bytes(o);
-  m.temporary = to_bytes(temp);
-  m.host = to_bytes(host);
   finish(e, hw, setup, explain);
   return e;
 }

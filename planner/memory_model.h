@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "planner/framework.h"
 #include "planner/hardware_spec.h"
 #include "planner/model_spec.h"
 #include "planner/training_setup.h"
@@ -18,6 +19,7 @@ struct Candidate {
   int64_t micro_batch = 1;
   Checkpointing checkpointing = Checkpointing::none;
   Attention attention = Attention::fused;
+  bool activation_offload = false;  // checkpointed block inputs kept in host memory (needs full checkpointing)
 };
 
 // Trainable parameter counts of the job.
@@ -30,16 +32,23 @@ struct TrainableParams {
 };
 TrainableParams trainable_params(const ModelSpec& model, const TrainingSetup& setup);
 
-struct MemoryBreakdown {          // bytes on one GPU (the most loaded rank)
+struct MemoryBreakdown {          // bytes on one GPU (the most loaded rank), at the peak
   int64_t weights = 0;            // working weights (frozen + trainable), sharded where the strategy shards
-  int64_t gradients = 0;          // trainable gradients
+  int64_t gradients = 0;          // trainable gradients (FSDP-1 mixed units: frozen ones too)
   int64_t optimizer = 0;          // optimizer states incl. fp32 master weights
-  int64_t activations = 0;        // kept for backward
-  int64_t logits_loss = 0;        // the loss's peak (12·T·V)
-  int64_t temporary = 0;          // gathered layers, gradient buckets, NF4 dequantisation
-  int64_t overhead = 0;           // CUDA context, cuBLAS workspace, NCCL buffers, allocator slack
-  int64_t total = 0;
-  int64_t host = 0;               // host memory used by offload (not part of total)
+  int64_t activations = 0;        // kept for backward (and the weights' bf16 copies under amp)
+  int64_t logits_loss = 0;        // the loss's peak, by the framework's loss implementation
+  int64_t temporary = 0;          // gathered layers, gradient buckets, NF4 dequantisation, optimizer-step copies
+  int64_t overhead = 0;           // cuBLAS workspace, allocator slack (reserved − allocated), CUDA context,
+                                  // NCCL buffers: device_peak − the terms above
+  int64_t total = 0;              // device_peak: what fits is judged on
+  int64_t host = 0;               // host memory one rank's offload uses (not part of total)
+};
+
+// One phase of the job: loading the model, the training step, saving.
+struct PhaseMemory {
+  int64_t device_bytes = 0;         // per GPU, as nvidia-smi shows it
+  int64_t host_bytes_per_node = 0;  // the node's host memory
 };
 
 struct MemoryEstimate {
@@ -47,8 +56,16 @@ struct MemoryEstimate {
   Candidate candidate;
   int64_t gpus_used = 1;             // single uses 1 of the job's GPUs
   MemoryBreakdown per_gpu;
+  // The three figures of the step's peak: what torch.cuda.max_memory_allocated reports, what
+  // max_memory_reserved reports (the caching allocator's segments), what nvidia-smi shows.
+  int64_t allocated_peak = 0, reserved_peak = 0, device_peak = 0;
+  std::string peak_moment;           // "forward-backward" or "optimizer step"
+  PhaseMemory load, step, save;
+  std::string peak_phase;            // "load", "step" or "save": the phase with the highest device figure
+  int64_t host_per_node = 0;         // the highest of the phases' host figures
   int64_t usable_bytes = 0;          // memory × (1 − headroom)
-  bool fits = false;
+  int64_t host_usable_bytes = 0;     // host memory per node × (1 − headroom)
+  bool fits = false;                 // device and host
   std::string reason;                // why it does not fit, or "" when it does
 };
 
@@ -58,18 +75,27 @@ struct PreparedJob {
   const ModelSpec* model = nullptr;
   const HardwareSpec* hw = nullptr;
   const TrainingSetup* setup = nullptr;
-  double embedding_weight_bytes = 0, layer_weight_bytes = 0, head_weight_bytes = 0;
+  const FrameworkProfile* framework = nullptr;
+  double embedding_weight_bytes = 0, layer_weight_bytes = 0, head_weight_bytes = 0;  // as stored
+  double embedding_compute_bytes = 0, layer_compute_bytes = 0, head_compute_bytes = 0;  // gathered (compute dtype)
   double embedding_grad_bytes = 0, layer_grad_bytes = 0, head_grad_bytes = 0;
   double embedding_opt_bytes = 0, layer_opt_bytes = 0, head_opt_bytes = 0;
+  double layer_frozen_grad_bytes = 0;     // FSDP-1 units mixing frozen and trainable: the frozen part's gradients
   double tied_head_weight_bytes = 0;      // pipelines: the tied embedding duplicated on the last stage
+  double layer_weight_copy_bytes = 0;     // amp: the bf16 copies of one block's linear weights saved for backward
+  double head_weight_copy_bytes = 0;      // amp: the head's
+  double optimizer_transient_bytes = 0;   // the optimizer step's temporaries, unsharded
+  double model_load_bytes = 0;            // the whole model in the framework's load dtype (host copies)
+  double trainable_save_bytes = 0;        // what a save writes: the trainable weights (adapters, or all)
   int64_t trainable_params = 0;
-  int64_t dequant_bytes = 0;              // QLoRA: one NF4 weight dequantised to bf16
-  int64_t block_bytes_per_sample[2] = {0, 0};  // [fused, eager] activations of one block
+  int64_t dequant_bytes = 0;              // QLoRA: the dequantised weights alive at once
+  int64_t block_bytes_per_sample[2][2] = {{0, 0}, {0, 0}};  // [fused, eager][none, selective] one block
   int64_t head_bytes_per_sample = 0;
   int64_t block_input_bytes_per_sample = 0;
-  int64_t logits_bytes_per_sample = 0;
+  double loss_peak_bytes_per_sample = 0;  // the loss implementation's peak
+  double loss_kept_bytes_per_sample = 0;  // what it keeps from forward to backward
 };
-// The pointers must outlive the PreparedJob.
+// The pointers must outlive the PreparedJob; the framework profile is the job's (setup.framework).
 PreparedJob prepare_job(const ModelSpec& model, const HardwareSpec& hw, const TrainingSetup& setup);
 
 // The estimate for one candidate on `num_gpus` GPUs; the closed-form peak is the sum of the terms

@@ -15,6 +15,7 @@ ParamBytes trainable_param_bytes(Precision precision, Optimizer optimizer) {
   switch (precision) {
     case Precision::mixed: return {2, 2, 4 + moments(4)};             // fp32 master + fp32 moments
     case Precision::mixed_fp32_grads: return {2, 4, 4 + moments(4)};  // Megatron/DeepSpeed's 18
+    case Precision::amp: return {4, 4, moments(4)};                   // fp32 weights, autocast to bf16
     case Precision::bf16: return {2, 2, moments(2)};                  // torchtune/litgpt
     case Precision::fp32: return {4, 4, moments(4)};
   }
@@ -23,8 +24,15 @@ ParamBytes trainable_param_bytes(Precision precision, Optimizer optimizer) {
 
 int activation_bytes(Precision precision) { return precision == Precision::fp32 ? 4 : 2; }
 
-int64_t nf4_storage_bytes(int64_t numel) {
+int residual_bytes(Precision precision, Method method) {
+  if (precision == Precision::fp32) return 4;
+  // amp: an fp32 embedding (full fine-tuning) starts an fp32 residual stream; a bf16 base does not.
+  return precision == Precision::amp && method == Method::full ? 4 : 2;
+}
+
+int64_t nf4_storage_bytes(int64_t numel, bool double_quant) {
   const int64_t blocks = (numel + 63) / 64;
+  if (!double_quant) return (numel + 1) / 2 + blocks * 4;  // an fp32 absmax per block
   return (numel + 1) / 2 + blocks + (blocks + 255) / 256 * 4;
 }
 

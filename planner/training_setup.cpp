@@ -33,13 +33,15 @@ std::string enum_name(Enum v, const std::array<std::pair<const char*, Enum>, N>&
 
 const std::array<std::pair<const char*, Method>, 3> kMethods{{
     {"full", Method::full}, {"lora", Method::lora}, {"qlora", Method::qlora}}};
-const std::array<std::pair<const char*, Precision>, 4> kPrecisions{{
-    {"mixed", Precision::mixed}, {"mixed-fp32-grads", Precision::mixed_fp32_grads},
+const std::array<std::pair<const char*, Precision>, 5> kPrecisions{{
+    {"mixed", Precision::mixed}, {"mixed-fp32-grads", Precision::mixed_fp32_grads}, {"amp", Precision::amp},
     {"bf16", Precision::bf16}, {"fp32", Precision::fp32}}};
 const std::array<std::pair<const char*, Optimizer>, 3> kOptimizers{{
     {"adamw", Optimizer::adamw}, {"adamw8bit", Optimizer::adamw8bit}, {"sgd", Optimizer::sgd}}};
-const std::array<std::pair<const char*, Checkpointing>, 2> kCheckpointing{{
-    {"none", Checkpointing::none}, {"full", Checkpointing::full}}};
+const std::array<std::pair<const char*, Checkpointing>, 3> kCheckpointing{{
+    {"none", Checkpointing::none}, {"full", Checkpointing::full}, {"selective", Checkpointing::selective}}};
+const std::array<std::pair<const char*, Loss>, 3> kLosses{{
+    {"full", Loss::full}, {"chunked", Loss::chunked}, {"fused-linear", Loss::fused_linear}}};
 const std::array<std::pair<const char*, Attention>, 2> kAttention{{
     {"fused", Attention::fused}, {"eager", Attention::eager}}};
 const std::array<std::pair<const char*, Strategy>, 13> kStrategies{{
@@ -68,6 +70,7 @@ std::string to_string(Precision v) { return enum_name(v, kPrecisions); }
 std::string to_string(Optimizer v) { return enum_name(v, kOptimizers); }
 std::string to_string(Checkpointing v) { return enum_name(v, kCheckpointing); }
 std::string to_string(Attention v) { return enum_name(v, kAttention); }
+std::string to_string(Loss v) { return enum_name(v, kLosses); }
 std::string to_string(Strategy v) { return enum_name(v, kStrategies); }
 Method parse_method(const std::string& s, const std::string& f) { return parse_enum(s, f, kMethods); }
 Precision parse_precision(const std::string& s, const std::string& f) { return parse_enum(s, f, kPrecisions); }
@@ -76,6 +79,7 @@ Checkpointing parse_checkpointing(const std::string& s, const std::string& f) {
   return parse_enum(s, f, kCheckpointing);
 }
 Attention parse_attention(const std::string& s, const std::string& f) { return parse_enum(s, f, kAttention); }
+Loss parse_loss(const std::string& s, const std::string& f) { return parse_enum(s, f, kLosses); }
 Strategy parse_strategy(const std::string& s, const std::string& f) { return parse_enum(s, f, kStrategies); }
 
 std::vector<std::string> parse_lora_targets(const std::string& list, const std::string& field) {
@@ -104,7 +108,7 @@ void apply_job_object(TrainingSetup& s, const nlohmann::json& j, const std::stri
     const std::string key = prefix.empty() ? it.key() : prefix + "." + it.key();
     const std::string field = name + ": " + it.key();
     if (it->is_null()) continue;  // null: the default
-    if (prefix.empty() && (key == "lora" || key == "dataset")) {
+    if (prefix.empty() && (key == "lora" || key == "dataset" || key == "quantization")) {
       apply_job_object(s, *it, key, field);
       continue;
     }
@@ -133,6 +137,7 @@ TrainingSetup training_setup_from_json(const nlohmann::json& j, const std::strin
 nlohmann::json training_setup_to_json(const TrainingSetup& s) {
   nlohmann::json j;
   j["model"] = s.model;
+  j["framework"] = s.framework;
   j["gpu"] = s.gpu;
   j["gpus"] = s.num_gpus;
   j["method"] = to_string(s.method);
@@ -146,6 +151,14 @@ nlohmann::json training_setup_to_json(const TrainingSetup& s) {
   j["grad_accum"] = s.grad_accum;
   j["epochs"] = s.epochs;
   j["headroom_fraction"] = s.headroom_fraction;
+  j["fsdp_version"] = s.fsdp_version;
+  j["loss"] = to_string(s.loss);
+  if (s.method == Method::qlora) j["quantization"] = {{"double_quant", s.quantization.double_quant}};
+  j["activation_offload"] = s.activation_offload;
+  j["optimizer_in_backward"] = s.optimizer_in_backward;
+  j["compile"] = s.compile;
+  j["packing"] = s.packing;
+  if (s.host_memory_gib) j["host_memory_gib"] = *s.host_memory_gib;
   if (s.micro_batch) j["micro_batch"] = *s.micro_batch;
   if (s.checkpointing) j["checkpointing"] = to_string(*s.checkpointing);
   if (s.attention) j["attention"] = to_string(*s.attention);
@@ -155,6 +168,7 @@ nlohmann::json training_setup_to_json(const TrainingSetup& s) {
     nlohmann::json d;
     if (s.dataset.rows) d["rows"] = s.dataset.rows;
     if (s.dataset.mean_tokens_per_row) d["mean_tokens_per_row"] = s.dataset.mean_tokens_per_row;
+    if (s.dataset.max_tokens_per_row) d["max_tokens_per_row"] = s.dataset.max_tokens_per_row;
     if (s.dataset.tokens) d["tokens"] = s.dataset.tokens;
     j["dataset"] = d;
   }
@@ -164,6 +178,13 @@ nlohmann::json training_setup_to_json(const TrainingSetup& s) {
   j["data"] = s.data;
   j["device"] = s.device;
   return j;
+}
+
+int64_t TrainingSetup::memory_seq_len() const {
+  // Packed rows fill seq_len; padded batches are as long as their longest row (at most seq_len,
+  // where the data pipeline truncates).
+  if (packing || dataset.max_tokens_per_row == 0) return seq_len;
+  return std::min(seq_len, dataset.max_tokens_per_row);
 }
 
 int64_t job_tokens(const TrainingSetup& s) {

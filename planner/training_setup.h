@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -15,10 +16,18 @@ namespace ftplan {
 enum class Method { full, lora, qlora };
 // mixed: bf16 weights and gradients, fp32 master weights and Adam moments (2 + 2 + 12 = 16 B);
 // mixed_fp32_grads: the same with fp32 gradient accumulation (2 + 4 + 12 = 18 B, Megatron/DeepSpeed);
+// amp: fp32 weights, gradients and moments with bf16 autocast (4 + 4 + 8 = 16 B; Hugging Face's
+//      default load dtype with bf16=True, litgpt bf16-mixed, FSDP's fp32 shards with bf16 compute);
 // bf16: everything in bf16 (2 + 2 + 4 = 8 B, torchtune/litgpt); fp32: 4 + 4 + 8 = 16 B.
-enum class Precision { mixed, mixed_fp32_grads, bf16, fp32 };
+enum class Precision { mixed, mixed_fp32_grads, amp, bf16, fp32 };
 enum class Optimizer { adamw, adamw8bit, sgd };
-enum class Checkpointing { none, full };
+// full: every block recomputed from its input; selective: the attention core recomputed (its
+// scores and softmax), the rest kept (Korthikanti et al. 2022, sec. 5; Megatron's "selective").
+enum class Checkpointing { none, full, selective };
+// How the loss is computed: the full [tokens, vocab] logits; chunked over tokens (torchtune's
+// CEWithChunkedOutputLoss, litgpt's chunked lm_head); fused with the head so no [tokens, vocab]
+// tensor exists (Liger's fused linear cross-entropy).
+enum class Loss { full, chunked, fused_linear };
 enum class Attention { fused, eager };
 enum class Strategy {
   single,              // one GPU
@@ -42,6 +51,7 @@ std::string to_string(Precision v);
 std::string to_string(Optimizer v);
 std::string to_string(Checkpointing v);
 std::string to_string(Attention v);
+std::string to_string(Loss v);  // "full", "chunked", "fused-linear"
 std::string to_string(Strategy v);  // "single", "mp", "pipeline", "pipeline_1f1b", "ddp", "zero1", ...
 // Parsers throw InputError naming `field` and listing the accepted values.
 Method parse_method(const std::string& s, const std::string& field);
@@ -49,6 +59,7 @@ Precision parse_precision(const std::string& s, const std::string& field);
 Optimizer parse_optimizer(const std::string& s, const std::string& field);
 Checkpointing parse_checkpointing(const std::string& s, const std::string& field);
 Attention parse_attention(const std::string& s, const std::string& field);
+Loss parse_loss(const std::string& s, const std::string& field);
 Strategy parse_strategy(const std::string& s, const std::string& field);
 
 struct LoraSpec {
@@ -64,11 +75,20 @@ std::vector<std::string> parse_lora_targets(const std::string& list, const std::
 struct DatasetSpec {
   int64_t rows = 0;                 // e.g. 10000 records
   int64_t mean_tokens_per_row = 0;  // 0: rows are packed/padded to seq_len
+  int64_t max_tokens_per_row = 0;   // the longest row, e.g. 3000; 0: seq_len. Padded batches are as
+                                    // long as their longest row: memory is planned for it
   int64_t tokens = 0;               // total tokens, when given instead of rows
+};
+
+// QLoRA's quantisation, where the framework lets the user choose.
+struct QuantizationSpec {
+  bool double_quant = true;         // bitsandbytes bnb_4bit_use_double_quant (the QLoRA paper's recipe);
+                                    // the framework's default applies when a job leaves it out
 };
 
 struct TrainingSetup {
   std::string model;                 // short name or path of a config.json, e.g. "llama-3-8b"
+  std::string framework = "hf";      // configs/frameworks/<name>.json: whose behaviour is predicted
   std::string gpu = "a100-80gb-sxm"; // hwdb id
   int64_t num_gpus = 1;              // GPUs in the job, e.g. 4
   Method method = Method::full;
@@ -81,6 +101,14 @@ struct TrainingSetup {
   int64_t epochs = 1;
   DatasetSpec dataset;
   double headroom_fraction = 0.05;   // memory kept free: fits when total <= (1 - headroom) * memory
+  int64_t fsdp_version = 1;          // PyTorch FSDP 1 (FlatParameter) or 2 (fully_shard)
+  Loss loss = Loss::full;
+  QuantizationSpec quantization;
+  bool activation_offload = false;   // activations kept in host memory between forward and backward
+  bool optimizer_in_backward = false;  // each parameter updated as its gradient is ready, then freed
+  bool compile = false;              // torch.compile
+  bool packing = false;              // rows packed to seq_len (else each batch padded to its longest row)
+  std::optional<double> host_memory_gib;  // overrides the hwdb's host memory per node
 
   // Chosen by the user, or searched by `ftplan plan` when absent.
   std::optional<int64_t> micro_batch;         // samples per GPU per micro-batch, e.g. 4
@@ -96,7 +124,12 @@ struct TrainingSetup {
   std::string data = "synthetic";
   std::string device = "cuda";
 
+  // The job keys the user gave (a file or flags); the framework profile fills the others.
+  std::set<std::string> given;
+
   int64_t micro_batch_or(int64_t fallback) const { return micro_batch.value_or(fallback); }
+  // Tokens per sample the memory is planned for: the padded length of the longest batch.
+  int64_t memory_seq_len() const;
 };
 
 // Reads a job object; unknown keys, wrong types and out-of-range values are InputErrors that name

@@ -50,7 +50,9 @@ StepInputs step_inputs_from_plan(const PlanContext& ctx, const Candidate& c, boo
     block.param_bytes = ctx.block_weight_bytes;
     block.grad_bytes = ctx.block_grad_bytes;
     block.updated_param_bytes = ctx.block_update_bytes;
-    block.saved_activation_bytes = B * mem.block_bytes_per_sample[static_cast<int>(c.attention)];
+    const int selective = c.checkpointing == Checkpointing::selective ? 1 : 0;
+    block.saved_activation_bytes = B * mem.block_bytes_per_sample[static_cast<int>(c.attention)][selective] +
+                                   static_cast<int64_t>(mem.layer_weight_copy_bytes);
     block.checkpoint_bytes = block_input;
     in.layers.push_back(block);
   }
@@ -63,11 +65,12 @@ StepInputs step_inputs_from_plan(const PlanContext& ctx, const Candidate& c, boo
   head.param_bytes = ctx.head_weight_bytes;
   head.grad_bytes = ctx.head_grad_bytes;
   head.updated_param_bytes = ctx.head_update_bytes;
-  head.saved_activation_bytes = B * mem.head_bytes_per_sample;
+  head.saved_activation_bytes = B * mem.head_bytes_per_sample + static_cast<int64_t>(mem.head_weight_copy_bytes);
   head.checkpoint_bytes = block_input;
   head.checkpointable = false;
   in.layers.push_back(head);
-  in.logits_bytes = B * mem.logits_bytes_per_sample;
+  // The loss's peak, alive from the head's forward to its backward (the closed form's logits_loss).
+  in.logits_bytes = static_cast<int64_t>(B * mem.loss_peak_bytes_per_sample);
 
   // What stays resident all step: the memory model's weights, gradients, optimizer states and
   // overhead; DDP's bucket copy and ZeRO-1/2's buckets too. The simulator itself allocates the

@@ -48,6 +48,7 @@ double max_rel_diff(const std::vector<double>& a, const std::vector<double>& b) 
 
 ftplan::TrainingSetup tiny_setup(int64_t seq_len, int64_t micro_batch, int64_t grad_accum, int64_t gpus) {
   ftplan::TrainingSetup s;
+  s.framework = "ftexec";  // the prediction of what ftexec does
   s.model = "tiny-test";
   s.gpu = "cpu";
   s.method = ftplan::Method::full;

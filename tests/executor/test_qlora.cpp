@@ -135,6 +135,7 @@ TEST_CASE("QLoRA trains the adapters on NF4 block linears; the loss falls", "[ex
   const auto spec = tiny_spec();
   const auto hw = ftplan::load_hardware("cpu");
   ftplan::TrainingSetup s;
+  s.framework = "ftexec";  // the prediction of what ftexec does
   s.precision = ftplan::Precision::fp32;
   s.lora = lora;
   s.method = ftplan::Method::qlora;
@@ -150,6 +151,7 @@ TEST_CASE("QLoRA trains the adapters on NF4 block linears; the loss falls", "[ex
 
 TEST_CASE("QLoRA's measured peak is within 10% of the planner's estimate", "[executor][qlora][memory]") {
   ftplan::TrainingSetup setup;
+  setup.framework = "ftexec";  // the prediction of what ftexec does
   setup.model = "tiny-test";
   setup.gpu = "cpu";
   setup.method = ftplan::Method::qlora;

@@ -138,6 +138,7 @@ TEST_CASE("measured CPU peak memory is within 10% of the planner's estimate", "[
   // The tiny job with activations dominating: fp32, eager attention, full fine-tuning, one CPU
   // "device" (hwdb/cpu.json, framework overhead 0), strategy single, seq 128, micro-batch 8.
   ftplan::TrainingSetup setup;
+  setup.framework = "ftexec";  // the prediction of what ftexec does
   setup.model = "tiny-test";
   setup.gpu = "cpu";
   setup.method = ftplan::Method::full;
@@ -173,6 +174,7 @@ TEST_CASE("measured CPU peak memory is within 10% of the planner's estimate", "[
 
 TEST_CASE("run_job writes the measured figures and rejects what it cannot run", "[executor]") {
   ftplan::TrainingSetup setup;
+  setup.framework = "ftexec";  // the prediction of what ftexec does
   setup.model = "tiny-test";
   setup.precision = ftplan::Precision::fp32;
   setup.seq_len = 32;

@@ -29,7 +29,8 @@ std::string through_file(const ftplan::FieldSpec& f, const std::string& raw_json
   const auto dot = key.find('.');
   if (dot == std::string::npos) j[key] = "@@V@@";
   else j[key.substr(0, dot)][key.substr(dot + 1)] = "@@V@@";
-  if (key == "dataset.mean_tokens_per_row") j["dataset"]["rows"] = 10;  // a dataset needs rows or tokens
+  if (key == "dataset.mean_tokens_per_row" || key == "dataset.max_tokens_per_row")
+    j["dataset"]["rows"] = 10;  // a dataset needs rows or tokens
   std::string text = j.dump();
   text.replace(text.find(marker), marker.size(), raw_json);
   const std::string path = std::string(FTPLAN_BINARY_DIR) + "/job_fields_test.json";

@@ -140,7 +140,7 @@ TEST_CASE("bad job files name the field", "[job]") {
     auto p = minimal();
     p["precision"] = "fp16";
     CHECK_THROWS_WITH(ftplan::training_setup_from_json(p, "job.json"),
-                      Contains("precision") && Contains("mixed, mixed-fp32-grads, bf16, fp32"));
+                      Contains("precision") && Contains("mixed, mixed-fp32-grads, amp, bf16, fp32"));
   }
   SECTION("a bad LoRA target names the list's field and the accepted modules") {
     auto j = minimal();

@@ -30,6 +30,7 @@ namespace {
 
 ftplan::TrainingSetup make_setup(const std::string& model, Method method, int64_t gpus, int64_t seq_len) {
   ftplan::TrainingSetup s;
+  s.framework = "ftexec";  // the formulas checked here are ftexec's behaviour; profiles: test_framework.cpp
   s.model = model;
   s.method = method;
   s.num_gpus = gpus;

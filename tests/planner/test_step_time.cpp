@@ -28,6 +28,7 @@ constexpr double kExact = 1e-12;  // same arithmetic, different order
 ftplan::TrainingSetup make_setup(const std::string& model, Method method, int64_t gpus, int64_t seq_len,
                                  int64_t grad_accum = 1) {
   ftplan::TrainingSetup s;
+  s.framework = "ftexec";  // the formulas checked here are ftexec's behaviour; profiles: test_framework.cpp
   s.model = model;
   s.method = method;
   s.num_gpus = gpus;

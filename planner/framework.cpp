@@ -1,0 +1,262 @@
+#include "planner/framework.h"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <memory>
+#include <mutex>
+
+#include <nlohmann/json.hpp>
+
+#include "planner/data_paths.h"
+#include "planner/errors.h"
+#include "planner/json_fields.h"
+
+namespace ftplan {
+namespace {
+
+using Json = nlohmann::json;
+using Setter = std::function<void(FrameworkProfile&, const Json&, const std::string&)>;
+
+double number_in(const Json& v, const std::string& name, double lo, double hi) {
+  if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() < lo || v.get<double>() > hi)
+    fail_input(name + ": expected a number in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " + v.dump());
+  return v.get<double>();
+}
+bool boolean(const Json& v, const std::string& name) {
+  if (!v.is_boolean()) fail_input(name + ": expected true or false, got " + v.dump());
+  return v.get<bool>();
+}
+std::string text(const Json& v, const std::string& name) {
+  if (!v.is_string()) fail_input(name + ": expected a string, got " + v.dump());
+  return v.get<std::string>();
+}
+HostCopies host_copies(const Json& v, const std::string& name) {
+  const std::string s = text(v, name);
+  if (s == "none") return HostCopies::none;
+  if (s == "per_rank") return HostCopies::per_rank;
+  if (s == "rank0") return HostCopies::rank0;
+  fail_input(name + ": '" + s + "' is not none, per_rank or rank0");
+}
+
+constexpr double kMaxBytes = 1e12;
+
+// Every leaf of a profile: its path and where it lands. A profile must give each one, with a source.
+const std::vector<std::pair<std::string, Setter>>& leaves() {
+  using P = FrameworkProfile;
+  static const std::vector<std::pair<std::string, Setter>> all = {
+      {"defaults.precision", [](P& p, const Json& v, const std::string& n) { p.precision = parse_precision(text(v, n), n); }},
+      {"defaults.loss", [](P& p, const Json& v, const std::string& n) { p.loss = parse_loss(text(v, n), n); }},
+      {"defaults.attention", [](P& p, const Json& v, const std::string& n) { p.attention = parse_attention(text(v, n), n); }},
+      {"defaults.fsdp_version", [](P& p, const Json& v, const std::string& n) { p.fsdp_version = int64_t(number_in(v, n, 1, 2)); }},
+      {"defaults.packing", [](P& p, const Json& v, const std::string& n) { p.packing = boolean(v, n); }},
+      {"defaults.double_quant", [](P& p, const Json& v, const std::string& n) { p.double_quant = boolean(v, n); }},
+      {"activations.gqa_kv_repeated", [](P& p, const Json& v, const std::string& n) { p.gqa_kv_repeated = boolean(v, n); }},
+      {"activations.autocast_weight_copies",
+       [](P& p, const Json& v, const std::string& n) { p.autocast_weight_copies = boolean(v, n); }},
+      {"qlora.quantize_lm_head", [](P& p, const Json& v, const std::string& n) { p.quantize_lm_head = boolean(v, n); }},
+      {"qlora.fp32_upcast_unquantized",
+       [](P& p, const Json& v, const std::string& n) { p.fp32_upcast_unquantized = boolean(v, n); }},
+      {"qlora.dequant_weights_alive",
+       [](P& p, const Json& v, const std::string& n) { p.dequant_weights_alive = number_in(v, n, 0, 1000); }},
+      {"fsdp.lora_separate_units", [](P& p, const Json& v, const std::string& n) { p.fsdp_lora_separate_units = boolean(v, n); }},
+      {"fsdp.no_sync_unsharded_grads",
+       [](P& p, const Json& v, const std::string& n) { p.fsdp_no_sync_unsharded_grads = boolean(v, n); }},
+      {"zero.bucket_is_hidden_squared",
+       [](P& p, const Json& v, const std::string& n) { p.zero_bucket_is_hidden_squared = boolean(v, n); }},
+      {"zero.reduce_bucket_elements",
+       [](P& p, const Json& v, const std::string& n) { p.zero_reduce_bucket_elements = number_in(v, n, 1, 1e12); }},
+      {"zero.prefetch_bucket_elements",
+       [](P& p, const Json& v, const std::string& n) { p.zero_prefetch_bucket_elements = number_in(v, n, 0, 1e12); }},
+      {"zero.overlap_comm_double_buffer",
+       [](P& p, const Json& v, const std::string& n) { p.zero_overlap_comm_double_buffer = boolean(v, n); }},
+      {"optimizer.step_transient_bytes_per_param",
+       [](P& p, const Json& v, const std::string& n) { p.optimizer_step_transient_bytes_per_param = number_in(v, n, 0, 64); }},
+      {"loading.host_copies", [](P& p, const Json& v, const std::string& n) { p.load_host_copies = host_copies(v, n); }},
+      {"saving.host_copies", [](P& p, const Json& v, const std::string& n) { p.save_host_copies = host_copies(v, n); }},
+      {"saving.gathers_units_on_gpu",
+       [](P& p, const Json& v, const std::string& n) { p.save_gathers_units_on_gpu = boolean(v, n); }},
+      {"runtime.cuda_context_bytes",
+       [](P& p, const Json& v, const std::string& n) { p.cuda_context_bytes = int64_t(number_in(v, n, 0, kMaxBytes)); }},
+      {"runtime.cublas_workspace_bytes",
+       [](P& p, const Json& v, const std::string& n) { p.cublas_workspace_bytes = int64_t(number_in(v, n, 0, kMaxBytes)); }},
+      {"runtime.nccl_bytes_per_gpu",
+       [](P& p, const Json& v, const std::string& n) { p.nccl_bytes_per_gpu = int64_t(number_in(v, n, 0, kMaxBytes)); }},
+      {"runtime.host_process_bytes_per_rank",
+       [](P& p, const Json& v, const std::string& n) { p.host_process_bytes_per_rank = int64_t(number_in(v, n, 0, kMaxBytes)); }},
+      {"runtime.reserved_over_allocated",
+       [](P& p, const Json& v, const std::string& n) { p.reserved_over_allocated = number_in(v, n, 1, 2); }},
+      {"throughput.kernel_efficiency",
+       [](P& p, const Json& v, const std::string& n) { p.kernel_efficiency = number_in(v, n, 0.05, 1.5); }},
+      {"throughput.compile_speedup",
+       [](P& p, const Json& v, const std::string& n) { p.compile_speedup = number_in(v, n, 0.5, 3); }},
+      {"knobs.activation_offload",
+       [](P& p, const Json& v, const std::string& n) { p.offers_activation_offload = boolean(v, n); }},
+      {"knobs.optimizer_in_backward",
+       [](P& p, const Json& v, const std::string& n) { p.offers_optimizer_in_backward = boolean(v, n); }},
+      {"knobs.optimizer_in_backward_allows_accumulation",
+       [](P& p, const Json& v, const std::string& n) { p.optimizer_in_backward_allows_accumulation = boolean(v, n); }},
+      {"knobs.selective_checkpointing",
+       [](P& p, const Json& v, const std::string& n) { p.offers_selective_checkpointing = boolean(v, n); }},
+      {"knobs.compile", [](P& p, const Json& v, const std::string& n) { p.offers_compile = boolean(v, n); }},
+      {"knobs.fsdp_versions",
+       [](P& p, const Json& v, const std::string& n) {
+         if (!v.is_array() || v.empty()) fail_input(n + ": expected a list of FSDP versions, e.g. [1, 2]");
+         p.fsdp_versions.clear();
+         for (const auto& x : v) p.fsdp_versions.push_back(int64_t(number_in(x, n, 1, 2)));
+       }},
+  };
+  return all;
+}
+
+const char* kLossKeys[] = {"kept_bytes_per_token_vocab", "peak_bytes_per_token_vocab", "kept_bytes_per_token_hidden",
+                           "peak_bytes_per_token_hidden"};
+
+// A leaf {"value", "source", "note"?}: its value, its source recorded under `path`.
+const Json& leaf_value(FrameworkProfile& p, const Json& leaf, const std::string& path, const std::string& name) {
+  if (!leaf.is_object() || !leaf.contains("value") || !leaf.contains("source"))
+    fail_input(name + ": expected {\"value\": ..., \"source\": \"...\"}");
+  require_known_keys(leaf, {"value", "source", "note"}, name);
+  const std::string source = text(leaf.at("source"), name + ": source");
+  if (source.size() < 8) fail_input(name + ": source: say where the value comes from");
+  p.sources[path] = source;
+  return leaf.at("value");
+}
+
+}  // namespace
+
+FrameworkProfile framework_profile_from_json(const Json& j, const std::string& where) {
+  if (!j.is_object()) fail_input(where + ": expected a JSON object");
+  if (read_string_or(j, "format", "", where) != "ftplan-framework/1")
+    fail_input(where + ": format: expected \"ftplan-framework/1\"");
+  FrameworkProfile p;
+  p.name = read_string(j, "name", where);
+  p.title = read_string(j, "title", where);
+  p.versions = read_string(j, "versions", where);
+  // Every section's keys must be known, and every leaf present.
+  std::map<std::string, std::vector<std::string>> sections;
+  for (const auto& [path, setter] : leaves()) sections[path.substr(0, path.find('.'))].push_back(path.substr(path.find('.') + 1));
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string& k = it.key();
+    if (k == "format" || k == "name" || k == "title" || k == "versions" || k == "notes" || k == "losses") continue;
+    if (!sections.count(k)) fail_input(where + ": " + k + ": unknown key");
+    for (auto f = it->begin(); f != it->end(); ++f) {
+      const auto& keys = sections[k];
+      if (std::find(keys.begin(), keys.end(), f.key()) == keys.end())
+        fail_input(where + ": " + k + ": " + f.key() + ": unknown key");
+    }
+  }
+  for (const auto& [path, setter] : leaves()) {
+    const std::string section = path.substr(0, path.find('.')), key = path.substr(path.find('.') + 1);
+    const std::string name = where + ": " + section + ": " + key;
+    if (!j.contains(section) || !j.at(section).contains(key)) fail_input(name + ": missing");
+    setter(p, leaf_value(p, j.at(section).at(key), path, name), name);
+  }
+  if (!j.contains("losses") || !j.at("losses").is_object() || j.at("losses").empty())
+    fail_input(where + ": losses: give at least the default loss");
+  for (auto it = j.at("losses").begin(); it != j.at("losses").end(); ++it) {
+    const std::string lw = where + ": losses: " + it.key();
+    const Loss loss = parse_loss(it.key(), lw);
+    require_known_keys(*it, {"kept_bytes_per_token_vocab", "peak_bytes_per_token_vocab", "kept_bytes_per_token_hidden",
+                             "peak_bytes_per_token_hidden"}, lw);
+    LossProfile l;
+    double* fields[] = {&l.kept_bytes_per_token_vocab, &l.peak_bytes_per_token_vocab, &l.kept_bytes_per_token_hidden,
+                        &l.peak_bytes_per_token_hidden};
+    for (int i = 0; i < 4; ++i) {
+      const std::string name = lw + ": " + kLossKeys[i];
+      if (!it->contains(kLossKeys[i])) fail_input(name + ": missing");
+      *fields[i] = number_in(leaf_value(p, it->at(kLossKeys[i]), "losses." + it.key() + "." + kLossKeys[i], name), name, 0, 64);
+    }
+    if (l.peak_bytes_per_token_vocab < l.kept_bytes_per_token_vocab || l.peak_bytes_per_token_hidden < l.kept_bytes_per_token_hidden)
+      fail_input(lw + ": a peak below what is kept");
+    p.losses[loss] = l;
+  }
+  if (!p.losses.count(p.loss)) fail_input(where + ": defaults: loss: '" + to_string(p.loss) + "' is not in losses");
+  if (std::find(p.fsdp_versions.begin(), p.fsdp_versions.end(), p.fsdp_version) == p.fsdp_versions.end())
+    fail_input(where + ": defaults: fsdp_version: not in knobs.fsdp_versions");
+  return p;
+}
+
+namespace {
+
+// A profile with "extends": its base's JSON with this file's leaves laid over it (one level of
+// sections, losses by name), so a framework that runs on another states only where it differs.
+Json resolved_profile_json(const std::string& path, int depth) {
+  Json j = read_json_file(path);
+  if (!j.is_object() || !j.contains("extends")) return j;
+  if (depth > 4) fail_input(path + ": extends: too deep (a cycle?)");
+  const std::string base_path = resolve_data_file(text(j.at("extends"), path + ": extends"), "configs/frameworks",
+                                                  path + ": extends");
+  Json merged = resolved_profile_json(base_path, depth + 1);
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    if (it.key() == "extends") continue;
+    if (it->is_object() && merged.contains(it.key()) && merged.at(it.key()).is_object() && it.key() != "losses") {
+      for (auto f = it->begin(); f != it->end(); ++f) merged[it.key()][f.key()] = *f;
+    } else if (it.key() == "losses" && it->is_object()) {
+      for (auto f = it->begin(); f != it->end(); ++f) merged["losses"][f.key()] = *f;
+    } else {
+      merged[it.key()] = *it;
+    }
+  }
+  return merged;
+}
+
+}  // namespace
+
+FrameworkProfile load_framework(const std::string& name_or_path) {
+  const std::string path = resolve_data_file(name_or_path, "configs/frameworks", "--framework");
+  return framework_profile_from_json(resolved_profile_json(path, 0), path);
+}
+
+const FrameworkProfile& framework_profile(const std::string& name_or_path) {
+  static std::mutex mutex;
+  static std::map<std::string, std::unique_ptr<FrameworkProfile>> loaded;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto& slot = loaded[name_or_path];
+  if (!slot) slot = std::make_unique<FrameworkProfile>(load_framework(name_or_path));
+  return *slot;
+}
+
+std::vector<std::string> list_frameworks() { return list_data_names("configs/frameworks"); }
+
+void apply_framework(TrainingSetup& s, const FrameworkProfile& p) {
+  const auto given = [&](const char* key) { return s.given.count(key) > 0; };
+  if (!given("precision")) s.precision = p.precision;
+  if (!given("loss")) s.loss = p.loss;
+  if (!given("attention")) s.attention = p.attention;
+  if (!given("fsdp_version")) s.fsdp_version = p.fsdp_version;
+  if (!given("packing")) s.packing = p.packing;
+  if (!given("quantization.double_quant")) s.quantization.double_quant = p.double_quant;
+
+  std::vector<std::string> problems;
+  const std::string fw = "--framework " + p.name;
+  if (!p.losses.count(s.loss))
+    problems.push_back("--loss " + to_string(s.loss) + ": " + fw + " does not offer it (it offers " + [&] {
+                         std::string l;
+                         for (const auto& [k, v] : p.losses) l += (l.empty() ? "" : ", ") + to_string(k);
+                         return l;
+                       }() + ")");
+  if (s.activation_offload && !p.offers_activation_offload)
+    problems.push_back("--activation-offload: " + fw + " has no activation offloading");
+  if (s.optimizer_in_backward && !p.offers_optimizer_in_backward)
+    problems.push_back("--optimizer-in-backward: " + fw + " has no optimizer step in backward");
+  if (s.optimizer_in_backward && p.offers_optimizer_in_backward && !p.optimizer_in_backward_allows_accumulation &&
+      s.grad_accum > 1)
+    problems.push_back("--optimizer-in-backward with --grad-accum " + std::to_string(s.grad_accum) + ": " + fw +
+                       " refuses it (the gradients are freed as they are used)");
+  if (s.optimizer_in_backward && s.strategy && *s.strategy != Strategy::single)
+    problems.push_back("--optimizer-in-backward with --strategy " + to_string(*s.strategy) + ": modelled on one GPU only");
+  if (s.checkpointing && *s.checkpointing == Checkpointing::selective && !p.offers_selective_checkpointing)
+    problems.push_back("--checkpointing selective: " + fw + " has no selective activation checkpointing");
+  if (s.compile && !p.offers_compile) problems.push_back("--compile: " + fw + " does not compile the model");
+  if (std::find(p.fsdp_versions.begin(), p.fsdp_versions.end(), s.fsdp_version) == p.fsdp_versions.end())
+    problems.push_back("--fsdp-version " + std::to_string(s.fsdp_version) + ": " + fw + " runs FSDP " +
+                       std::to_string(p.fsdp_versions.front()));
+  if (!problems.empty()) {
+    std::string msg;
+    for (size_t i = 0; i < problems.size(); ++i) msg += (i ? "; " : "") + problems[i];
+    fail_input(msg);
+  }
+}
+
+}  // namespace ftplan

@@ -1,0 +1,115 @@
+// Framework profiles: how a training stack (Hugging Face Trainer + PEFT, DeepSpeed, FSDP through
+// accelerate, Lightning/litgpt, torchtune, torchtitan, ftexec) behaves where it moves memory or
+// time, as data: one file per framework, configs/frameworks/<name>.json, every value with the
+// framework file and commit (or document) it comes from. The estimators read this struct and
+// nothing else about a framework; adding a framework means adding a file.
+//
+// File format ("ftplan-framework/1"): {"format", "name", "title", "versions", "notes", and sections
+// whose every leaf is {"value": ..., "source": "..."} (an optional "note" beside them)}. Unknown keys,
+// missing sources and out-of-range values are InputErrors naming the file and the key.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "planner/training_setup.h"
+
+namespace ftplan {
+
+// What the loss keeps and peaks at, in bytes per token per vocabulary entry (the [T, V] tensors)
+// and per token per hidden unit (fused linear cross-entropy's [T, H] buffers).
+struct LossProfile {
+  double kept_bytes_per_token_vocab = 0;    // alive from the loss's forward to its backward, e.g. 4
+  double peak_bytes_per_token_vocab = 0;    // all [T, V] tensors alive at the loss's peak, e.g. 12
+  double kept_bytes_per_token_hidden = 0;   // fused: e.g. grad_input kept for backward, 2
+  double peak_bytes_per_token_hidden = 0;   // fused: a chunk of logits (≈ T·H/V rows × V) + grad_input, e.g. 4
+};
+
+// Where a framework's model, gradients and copies live while loading and saving.
+enum class HostCopies { none, per_rank, rank0 };
+
+struct FrameworkProfile {
+  std::string name;     // file stem, e.g. "hf"
+  std::string title;    // e.g. "Hugging Face transformers Trainer + PEFT + bitsandbytes"
+  std::string versions; // e.g. "transformers 4.49-4.57, peft 0.13-0.17, bitsandbytes 0.45-0.48"
+
+  // Defaults for the job's fields the user leaves out.
+  Precision precision = Precision::mixed;
+  Loss loss = Loss::full;
+  Attention attention = Attention::fused;
+  int64_t fsdp_version = 1;
+  bool packing = false;
+  bool double_quant = false;        // QLoRA: bitsandbytes' double quantisation of the block absmaxes
+
+  std::map<Loss, LossProfile> losses;  // the loss implementations the framework offers
+
+  // Activations.
+  bool gqa_kv_repeated = false;     // attention saves k and v repeated to every query head (repeat_kv)
+  bool autocast_weight_copies = true;  // amp: bf16 copies of the weights are saved for backward
+
+  // QLoRA.
+  bool quantize_lm_head = false;              // the head is quantised too
+  bool fp32_upcast_unquantized = false;       // prepare_model_for_kbit_training: the rest becomes fp32
+  double dequant_weights_alive = 1;           // dequantised weights alive at once (bnb: one, forward/backward)
+
+  // FSDP with LoRA: how the units hold gradients.
+  bool fsdp_lora_separate_units = true;       // adapters wrapped as their own units (no frozen gradients)
+  bool fsdp_no_sync_unsharded_grads = true;   // gradient accumulation keeps unsharded gradients
+
+  // DeepSpeed ZeRO buffers, in elements (a hidden-size square where the framework fills "auto").
+  bool zero_bucket_is_hidden_squared = false; // reduce_bucket_size = hidden²
+  double zero_reduce_bucket_elements = 5e8;
+  double zero_prefetch_bucket_elements = 5e7;  // stage 3
+  bool zero_overlap_comm_double_buffer = false;  // stage 1/2: a second reduce bucket
+
+  // The optimizer step.
+  double optimizer_step_transient_bytes_per_param = 0;  // e.g. foreach AdamW's sqrt of exp_avg_sq
+
+  // Loading and saving.
+  HostCopies load_host_copies = HostCopies::per_rank;  // full model copies in host memory while loading
+  HostCopies save_host_copies = HostCopies::rank0;     // a full state dict gathered on the host to save
+  bool save_gathers_units_on_gpu = true;               // sharded strategies gather unit by unit to save
+
+  // Runtime: what nvidia-smi sees beyond the caching allocator, and what the host process holds.
+  int64_t cuda_context_bytes = 0;       // e.g. 446693376 (426 MiB)
+  int64_t cublas_workspace_bytes = 0;   // in the allocator, e.g. 8519680 (32 MiB on Hopper)
+  int64_t nccl_bytes_per_gpu = 0;       // distributed runs
+  int64_t host_process_bytes_per_rank = 0;  // the Python process, CUDA libraries, data loader
+  double reserved_over_allocated = 1.0; // the caching allocator's reserved peak / allocated peak
+
+  // Throughput.
+  double kernel_efficiency = 1.0;       // the framework's achieved share of the hwdb GEMM efficiency
+  double compile_speedup = 1.0;         // step time ÷ this under --compile
+
+  // Knobs the framework offers (bad input otherwise).
+  bool offers_activation_offload = false;
+  bool offers_optimizer_in_backward = false;
+  bool optimizer_in_backward_allows_accumulation = false;
+  bool offers_selective_checkpointing = false;
+  bool offers_compile = false;
+  std::vector<int64_t> fsdp_versions{1};
+
+  std::map<std::string, std::string> sources;  // "section.key" -> where the value comes from
+};
+
+// Parses and validates one profile's JSON; `where` names it in errors (the file path).
+FrameworkProfile framework_profile_from_json(const nlohmann::json& j, const std::string& where);
+
+// Loads configs/frameworks/<name>.json (or a path); InputError naming the field ("--framework").
+FrameworkProfile load_framework(const std::string& name_or_path);
+
+// The profile a job names, loaded once per process and kept (the estimators' one way to a profile).
+const FrameworkProfile& framework_profile(const std::string& name_or_path);
+
+// The names of the shipped profiles, sorted.
+std::vector<std::string> list_frameworks();
+
+// Fills the fields the user left out (setup.given) from the profile, then checks the knobs against
+// it: a loss, a knob or an FSDP version the framework does not offer is an InputError naming both.
+void apply_framework(TrainingSetup& setup, const FrameworkProfile& profile);
+
+}  // namespace ftplan
