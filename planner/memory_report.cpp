@@ -10,7 +10,7 @@ namespace ftplan {
 
 Candidate candidate_from_setup(const TrainingSetup& s, Strategy strategy) {
   return {strategy, s.micro_batch.value_or(1), s.checkpointing.value_or(Checkpointing::none),
-          s.attention.value_or(Attention::fused)};
+          s.attention.value_or(Attention::fused), s.activation_offload};
 }
 
 MemoryReport build_memory_report(const ModelSpec& model, const HardwareSpec& hw, const TrainingSetup& setup) {
@@ -27,10 +27,17 @@ MemoryReport build_memory_report(const ModelSpec& model, const HardwareSpec& hw,
   return r;
 }
 
-nlohmann::json memory_breakdown_json(const MemoryBreakdown& m) {
+nlohmann::json memory_breakdown_json(const MemoryEstimate& e) {
+  const MemoryBreakdown& m = e.per_gpu;
+  auto phase = [](const PhaseMemory& p) {
+    return nlohmann::json{{"device", p.device_bytes}, {"host_per_node", p.host_bytes_per_node}};
+  };
   return {{"weights", m.weights},         {"gradients", m.gradients}, {"optimizer", m.optimizer},
           {"activations", m.activations}, {"logits_loss", m.logits_loss}, {"temporary", m.temporary},
-          {"overhead", m.overhead},       {"total", m.total}};
+          {"overhead", m.overhead},       {"total", m.total},
+          {"allocated_peak", e.allocated_peak}, {"reserved_peak", e.reserved_peak}, {"device_peak", e.device_peak},
+          {"peak_phase", e.peak_phase},   {"peak_moment", e.peak_moment},
+          {"phases", {{"load", phase(e.load)}, {"step", phase(e.step)}, {"save", phase(e.save)}}}};
 }
 
 nlohmann::json model_json(const ModelSpec& model, const TrainableParams& p) {
@@ -66,7 +73,9 @@ nlohmann::json memory_report_json(const MemoryReport& r) {
     const auto& e = row.estimate;
     j["strategies"].push_back({{"name", to_string(e.strategy)},
                                {"gpus_used", e.gpus_used},
-                               {"memory_per_gpu_bytes", memory_breakdown_json(e.per_gpu)},
+                               {"memory_per_gpu_bytes", memory_breakdown_json(e)},
+                               {"host_memory_per_node_bytes", e.host_per_node},
+                               {"host_usable_bytes", e.host_usable_bytes},
                                {"host_memory_per_gpu_bytes", e.per_gpu.host},
                                {"usable_bytes", e.usable_bytes},
                                {"fits", e.fits},

@@ -31,7 +31,10 @@ Candidate candidate_from_setup(const TrainingSetup& setup, Strategy strategy);
 
 MemoryReport build_memory_report(const ModelSpec& model, const HardwareSpec& hw, const TrainingSetup& setup);
 
-nlohmann::json memory_breakdown_json(const MemoryBreakdown& m);
+// memory_per_gpu_bytes: the breakdown at the peak (weights ... overhead, total = the figure fits is
+// judged on), the three figures of the step's peak (allocated_peak, reserved_peak, device_peak),
+// peak_phase and peak_moment, and phases {load, step, save} with each one's device and host figures.
+nlohmann::json memory_breakdown_json(const MemoryEstimate& e);
 nlohmann::json model_json(const ModelSpec& model, const TrainableParams& params);
 nlohmann::json memory_report_json(const MemoryReport& report);
 std::string memory_report_table(const MemoryReport& report);
