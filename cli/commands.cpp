@@ -2,6 +2,14 @@
 
 namespace ftplan::cli {
 
+void add_validate(CLI::App& app, Commands& c) {
+  auto* validate = app.add_subcommand("validate", "Predicted vs published measurements: error per case, MAPE per source");
+  validate->add_option("--suite", c.validate.suite, "Suite file (default configs/validation/published.json)");
+  validate->add_option("--source", c.validate.source, "Only the cases of this source");
+  validate->add_flag("--json", c.validate.json, "Print JSON");
+}
+
+
 void add_commands(CLI::App& app, Commands& c) {
   auto* memory = app.add_subcommand("memory", "Per-GPU memory of every strategy, as a breakdown");
   add_job_options(*memory, c.memory.job);
@@ -37,6 +45,7 @@ void add_commands(CLI::App& app, Commands& c) {
   compare->add_option("plan", c.compare.plan, "Plan file from ftplan plan -o")->required();
   compare->add_option("measured", c.compare.measured, "measured.json from ftexec run --out")->required();
   compare->add_flag("--json", c.compare.json, "Print JSON");
+  add_validate(app, c);
   compare->add_flag("--force", c.compare.force, "Compare even when the run differs from the planned job");
   compare->add_option("--framework", c.compare.framework,
                       "Predict for this framework profile (default: the run's own, e.g. ftexec; else the plan's)");
@@ -49,6 +58,7 @@ int run_selected(CLI::App& app, const Commands& c) {
   if (app.got_subcommand("sweep")) return run_sweep(c.sweep);
   if (app.got_subcommand("simulate")) return run_simulate(c.simulate);
   if (app.got_subcommand("compare")) return run_compare(c.compare);
+  if (app.got_subcommand("validate")) return run_validate(c.validate);
   return 2;
 }
 

@@ -53,6 +53,12 @@ struct CompareOptions {
   std::string framework;  // predict for this profile (default: the run's, else the plan's)
 };
 
+struct ValidateOptions {
+  std::string suite;   // default configs/validation/published.json
+  std::string source;  // only this source's cases
+  bool json = false;
+};
+
 struct Commands {
   MemoryOptions memory;
   PlanOptions plan;
@@ -60,6 +66,7 @@ struct Commands {
   SweepOptions sweep;
   SimulateOptions simulate;
   CompareOptions compare;
+  ValidateOptions validate;
 };
 
 void add_commands(CLI::App& app, Commands& commands);
@@ -71,6 +78,7 @@ int run_check(const CheckOptions& options);
 int run_sweep(const SweepOptions& options);
 int run_simulate(const SimulateOptions& options);
 int run_compare(const CompareOptions& options);
+int run_validate(const ValidateOptions& options);
 
 // ftplan plan --simulate: re-rank the finalists by their simulated step time.
 void rerank_with_simulator(const LoadedJob& job, PlanResult& plan);

@@ -13,17 +13,18 @@ bool contains(const std::vector<std::string>& names, const std::string& name) {
 
 bool base_trains(const ActivationInputs& in) { return in.method == Method::full; }
 
-// A linear layer's input is kept when its own weight trains or a LoRA adapter (without dropout)
-// reads it.
+// A linear layer's input is kept when its own weight trains, a LoRA adapter (without dropout) reads
+// it, or its 4-bit matmul keeps it (bitsandbytes < 0.43.2).
 bool keeps_input(const ActivationInputs& in, const std::string& module) {
   if (base_trains(in)) return true;
+  if (in.method == Method::qlora && in.quantized_saves_input) return true;
   return contains(in.lora.targets, module) && in.lora.dropout == 0.0;
 }
 
 }  // namespace
 
 ActivationInputs activation_inputs(const TrainingSetup& setup, int64_t micro_batch, Attention attention,
-                                   bool gqa_kv_repeated, bool selective) {
+                                   const ActivationFramework& fw, bool selective) {
   ActivationInputs in;
   in.micro_batch = micro_batch;
   in.seq_len = setup.memory_seq_len();
@@ -31,9 +32,17 @@ ActivationInputs activation_inputs(const TrainingSetup& setup, int64_t micro_bat
   in.attention = attention;
   in.method = setup.method;
   in.lora = setup.lora;
-  in.gqa_kv_repeated = gqa_kv_repeated;
+  in.gqa_kv_repeated = fw.gqa_kv_repeated;
   in.compile = setup.compile;
   in.selective = selective;
+  in.selective_every_second_matmul = fw.selective_every_second_matmul;
+  in.quantized_saves_input = fw.quantized_saves_input;
+  // amp under autocast: an fp32 embedding (full fine-tuning) starts an fp32 residual stream;
+  // FSDP's mixed precision computes with bf16 parameters instead.
+  in.residual_bytes = setup.precision == Precision::fp32 ||
+                              (setup.precision == Precision::amp && setup.method == Method::full && fw.autocast)
+                          ? 4
+                          : 2;
   return in;
 }
 
@@ -43,11 +52,17 @@ int64_t saturate(double bytes) { return static_cast<int64_t>(std::min(bytes, 576
 
 int64_t block_activation_bytes(const ModelSpec& m, const ActivationInputs& in) {
   const double a = activation_bytes(in.precision);
-  const double r = residual_bytes(in.precision, in.method);
+  const double r = in.residual_bytes;
   const double T = static_cast<double>(in.micro_batch) * in.seq_len;
   const double h = m.hidden_size, q = m.q_dim(), i = m.intermediate_size;
   const double kv = in.gqa_kv_repeated ? q : m.kv_dim();
   const double scores = static_cast<double>(in.micro_batch) * m.num_heads * in.seq_len * in.seq_len;
+  const double lse = 4.0 * in.micro_batch * m.num_heads * in.seq_len;
+  // torchtitan's op-level selective checkpointing: the block input, every second matmul's output
+  // (q_proj, v_proj, gate_proj, down_proj in forward order), the attention kernel's output and
+  // log-sum-exp; everything else is recomputed from them (LoRA adapters included).
+  if (in.selective && in.selective_every_second_matmul)
+    return saturate(r * T * h + a * T * (q + m.kv_dim() + i + h) + a * T * q + lse);
 
   // Two RMSNorms: the fp32 upcast of the input (compiled: the input as it arrives), the fp32 rstd,
   // and the normalised input when the norm weight trains.
@@ -84,7 +99,7 @@ int64_t head_activation_bytes(const ModelSpec& m, const ActivationInputs& in) {
   const double a = activation_bytes(in.precision);
   const double T = static_cast<double>(in.micro_batch) * in.seq_len;
   const double h = m.hidden_size;
-  double bytes = (in.compile ? residual_bytes(in.precision, in.method) : 4) * T * h + 4 * T;  // final RMSNorm
+  double bytes = (in.compile ? in.residual_bytes : 4) * T * h + 4 * T;  // final RMSNorm
   if (base_trains(in)) bytes += a * T * h + a * T * h;  // normalised input; lm_head input
   return saturate(bytes);
 }
@@ -96,8 +111,7 @@ int64_t activation_bytes_for_layers(const ModelSpec& m, const ActivationInputs& 
   const double head = with_head ? head_activation_bytes(m, in) : 0;
   if (checkpointing == Checkpointing::none) return saturate(num_layers * block + head);
   // Full checkpointing: each block's input stays; one block is recomputed at a time in backward.
-  const double block_input =
-      static_cast<double>(residual_bytes(in.precision, in.method)) * in.micro_batch * in.seq_len * m.hidden_size;
+  const double block_input = static_cast<double>(in.residual_bytes) * in.micro_batch * in.seq_len * m.hidden_size;
   return saturate(num_layers * block_input + (num_layers > 0 ? block : 0) + head);
 }
 

@@ -25,7 +25,12 @@
 //               than saving them): RMSNorm keeps its input as it arrives (r·T·h) and the rstd; SwiGLU
 //               keeps the gate and up outputs only (2·a·T·i), recomputing SiLU and the product
 //   selective checkpointing (Korthikanti et al. 2022, sec. 5: the attention core is recomputed): the
-//               eager attention's scores and softmax are not kept (the fused kernel keeps none)
+//               eager attention's scores and softmax are not kept (the fused kernel keeps none);
+//               torchtitan's op-level policy instead keeps the block input (r·T·h), the outputs of
+//               every second matmul (q, v, gate: a·T·(q_dim + kv_dim + i), and down's a·T·h) and the
+//               attention kernel's output and log-sum-exp, recomputing everything else
+//   QLoRA on bitsandbytes < 0.43.2: each 4-bit matmul keeps its input for backward, so o_proj's,
+//               down_proj's and the MLP norm's outputs are kept even where no adapter reads them
 #pragma once
 
 #include <cstdint>
@@ -44,12 +49,23 @@ struct ActivationInputs {
   LoraSpec lora;
   bool gqa_kv_repeated = false;  // the framework repeats k and v to every query head
   bool compile = false;          // torch.compile's rematerialisation
-  bool selective = false;        // selective checkpointing: the attention core recomputed
+  bool selective = false;        // selective checkpointing
+  bool selective_every_second_matmul = false;  // torchtitan's op-level policy instead of the attention core
+  bool quantized_saves_input = false;  // QLoRA: each 4-bit matmul keeps its input (bitsandbytes < 0.43.2)
+  int residual_bytes = 2;        // the residual stream's element: 4 under fp32, and under amp with autocast
+};
+
+// How the framework shapes a block's saved tensors (from its profile).
+struct ActivationFramework {
+  bool gqa_kv_repeated = false;
+  bool autocast = false;
+  bool selective_every_second_matmul = false;
+  bool quantized_saves_input = false;
 };
 
 // The job's inputs; seq_len is the padded length memory is planned for (TrainingSetup::memory_seq_len).
 ActivationInputs activation_inputs(const TrainingSetup& setup, int64_t micro_batch, Attention attention,
-                                   bool gqa_kv_repeated = false, bool selective = false);
+                                   const ActivationFramework& framework = {}, bool selective = false);
 
 // Bytes one decoder block keeps for backward, no checkpointing.
 int64_t block_activation_bytes(const ModelSpec& model, const ActivationInputs& in);

@@ -54,7 +54,15 @@ const std::vector<std::pair<std::string, Setter>>& leaves() {
       {"activations.gqa_kv_repeated", [](P& p, const Json& v, const std::string& n) { p.gqa_kv_repeated = boolean(v, n); }},
       {"activations.autocast_weight_copies",
        [](P& p, const Json& v, const std::string& n) { p.autocast_weight_copies = boolean(v, n); }},
+      {"activations.selective_mode",
+       [](P& p, const Json& v, const std::string& n) {
+         p.selective_mode = text(v, n);
+         if (p.selective_mode != "attention-core" && p.selective_mode != "every-second-matmul")
+           fail_input(n + ": '" + p.selective_mode + "' is not attention-core or every-second-matmul");
+       }},
       {"qlora.quantize_lm_head", [](P& p, const Json& v, const std::string& n) { p.quantize_lm_head = boolean(v, n); }},
+      {"qlora.quantized_matmul_saves_input",
+       [](P& p, const Json& v, const std::string& n) { p.quantized_matmul_saves_input = boolean(v, n); }},
       {"qlora.fp32_upcast_unquantized",
        [](P& p, const Json& v, const std::string& n) { p.fp32_upcast_unquantized = boolean(v, n); }},
       {"qlora.dequant_weights_alive",
@@ -158,7 +166,8 @@ FrameworkProfile framework_profile_from_json(const Json& j, const std::string& w
     const std::string lw = where + ": losses: " + it.key();
     const Loss loss = parse_loss(it.key(), lw);
     require_known_keys(*it, {"kept_bytes_per_token_vocab", "peak_bytes_per_token_vocab", "kept_bytes_per_token_hidden",
-                             "peak_bytes_per_token_hidden"}, lw);
+                             "peak_bytes_per_token_hidden", "compiled_kept_bytes_per_token_vocab",
+                             "compiled_peak_bytes_per_token_vocab"}, lw);
     LossProfile l;
     double* fields[] = {&l.kept_bytes_per_token_vocab, &l.peak_bytes_per_token_vocab, &l.kept_bytes_per_token_hidden,
                         &l.peak_bytes_per_token_hidden};
@@ -166,6 +175,18 @@ FrameworkProfile framework_profile_from_json(const Json& j, const std::string& w
       const std::string name = lw + ": " + kLossKeys[i];
       if (!it->contains(kLossKeys[i])) fail_input(name + ": missing");
       *fields[i] = number_in(leaf_value(p, it->at(kLossKeys[i]), "losses." + it.key() + "." + kLossKeys[i], name), name, 0, 64);
+    }
+    // Optional: the compiled loss (both or neither).
+    const bool compiled = it->contains("compiled_kept_bytes_per_token_vocab");
+    if (compiled != it->contains("compiled_peak_bytes_per_token_vocab"))
+      fail_input(lw + ": give compiled_kept_bytes_per_token_vocab and compiled_peak_bytes_per_token_vocab together");
+    if (compiled) {
+      for (const char* k : {"compiled_kept_bytes_per_token_vocab", "compiled_peak_bytes_per_token_vocab"}) {
+        const std::string name = lw + ": " + k;
+        const double v = number_in(leaf_value(p, it->at(k), "losses." + it.key() + "." + k, name), name, 0, 64);
+        (std::string(k) == "compiled_kept_bytes_per_token_vocab" ? l.compiled_kept_bytes_per_token_vocab
+                                                                  : l.compiled_peak_bytes_per_token_vocab) = v;
+      }
     }
     if (l.peak_bytes_per_token_vocab < l.kept_bytes_per_token_vocab || l.peak_bytes_per_token_hidden < l.kept_bytes_per_token_hidden)
       fail_input(lw + ": a peak below what is kept");

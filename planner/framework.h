@@ -27,6 +27,9 @@ struct LossProfile {
   double peak_bytes_per_token_vocab = 0;    // all [T, V] tensors alive at the loss's peak, e.g. 12
   double kept_bytes_per_token_hidden = 0;   // fused: e.g. grad_input kept for backward, 2
   double peak_bytes_per_token_hidden = 0;   // fused: a chunk of logits (≈ T·H/V rows × V) + grad_input, e.g. 4
+  // Under --compile, where the framework compiles the loss (the upcast fused into the kernel):
+  // negative means "as eager".
+  double compiled_kept_bytes_per_token_vocab = -1, compiled_peak_bytes_per_token_vocab = -1;
 };
 
 // Where a framework's model, gradients and copies live while loading and saving.
@@ -49,12 +52,18 @@ struct FrameworkProfile {
 
   // Activations.
   bool gqa_kv_repeated = false;     // attention saves k and v repeated to every query head (repeat_kv)
-  bool autocast_weight_copies = true;  // amp: bf16 copies of the weights are saved for backward
+  bool autocast_weight_copies = true;  // amp runs under autocast: bf16 copies of fp32 weights are saved
+                                       // for backward, and the residual stream stays fp32
+  // What selective checkpointing keeps: "attention-core" (Korthikanti et al. 2022: everything but the
+  // attention scores) or "every-second-matmul" (torchtitan's op-level policy: the block input, the
+  // outputs of every second matmul and of the attention kernel; the rest recomputed).
+  std::string selective_mode = "attention-core";
 
   // QLoRA.
   bool quantize_lm_head = false;              // the head is quantised too
   bool fp32_upcast_unquantized = false;       // prepare_model_for_kbit_training: the rest becomes fp32
   double dequant_weights_alive = 1;           // dequantised weights alive at once (bnb: one, forward/backward)
+  bool quantized_matmul_saves_input = false;  // bitsandbytes < 0.43.2: MatMul4Bit keeps its input for backward
 
   // FSDP with LoRA: how the units hold gradients.
   bool fsdp_lora_separate_units = true;       // adapters wrapped as their own units (no frozen gradients)

@@ -212,18 +212,24 @@ PreparedJob prepare_job(const ModelSpec& model, const HardwareSpec& hw, const Tr
   j.dequant_bytes = setup.method == Method::qlora
                         ? to_bytes(fw.dequant_weights_alive * activation_bytes(setup.precision) * u.largest_quantized)
                         : 0;
-  for (Attention a : {Attention::fused, Attention::eager})
-    for (int sel = 0; sel < 2; ++sel)
-      j.block_bytes_per_sample[static_cast<int>(a)][sel] =
-          block_activation_bytes(model, activation_inputs(setup, 1, a, fw.gqa_kv_repeated, sel == 1));
-  j.head_bytes_per_sample = head_activation_bytes(model, activation_inputs(setup, 1, Attention::fused));
+  for (int ac = 0; ac < 2; ++ac) {
+    const ActivationFramework af{fw.gqa_kv_repeated, ac == 1 && fw.autocast_weight_copies,
+                                 fw.selective_mode == "every-second-matmul", fw.quantized_matmul_saves_input};
+    for (Attention a : {Attention::fused, Attention::eager})
+      for (int sel = 0; sel < 2; ++sel)
+        j.block_bytes_per_sample[static_cast<int>(a)][sel][ac] =
+            block_activation_bytes(model, activation_inputs(setup, 1, a, af, sel == 1));
+    const ActivationInputs one = activation_inputs(setup, 1, Attention::fused, af);
+    j.head_bytes_per_sample[ac] = head_activation_bytes(model, one);
+    j.block_input_bytes_per_sample[ac] = one.residual_bytes * setup.memory_seq_len() * model.hidden_size;
+  }
   const double S = static_cast<double>(setup.memory_seq_len());
-  j.block_input_bytes_per_sample = residual_bytes(setup.precision, setup.method) * setup.memory_seq_len() * model.hidden_size;
   const LossProfile& loss = fw.losses.count(setup.loss) ? fw.losses.at(setup.loss) : fw.losses.at(fw.loss);
-  j.loss_peak_bytes_per_sample =
-      S * (loss.peak_bytes_per_token_vocab * model.vocab_size + loss.peak_bytes_per_token_hidden * model.hidden_size);
-  j.loss_kept_bytes_per_sample =
-      S * (loss.kept_bytes_per_token_vocab * model.vocab_size + loss.kept_bytes_per_token_hidden * model.hidden_size);
+  const bool compiled = setup.compile && loss.compiled_peak_bytes_per_token_vocab >= 0;
+  const double peak_tv = compiled ? loss.compiled_peak_bytes_per_token_vocab : loss.peak_bytes_per_token_vocab;
+  const double kept_tv = compiled ? loss.compiled_kept_bytes_per_token_vocab : loss.kept_bytes_per_token_vocab;
+  j.loss_peak_bytes_per_sample = S * (peak_tv * model.vocab_size + loss.peak_bytes_per_token_hidden * model.hidden_size);
+  j.loss_kept_bytes_per_sample = S * (kept_tv * model.vocab_size + loss.kept_bytes_per_token_hidden * model.hidden_size);
   return j;
 }
 
@@ -248,10 +254,16 @@ MemoryEstimate estimate_memory(const PreparedJob& job, const Candidate& c, int64
   const double B = static_cast<double>(c.micro_batch);
   const bool ckpt = c.checkpointing == Checkpointing::full;
   const int sel = c.checkpointing == Checkpointing::selective ? 1 : 0;
-  const double block = B * job.block_bytes_per_sample[static_cast<int>(c.attention)][sel];
-  const double block_full = B * job.block_bytes_per_sample[static_cast<int>(c.attention)][0];  // a recomputed block
-  const double head_act = B * job.head_bytes_per_sample;
-  const double block_input = B * job.block_input_bytes_per_sample;
+  // Autocast's effects (fp32 residual stream, bf16 weight copies) where fp32 parameters meet the
+  // matmuls; FSDP and ZeRO-3 compute with the bf16 parameters they gather.
+  const int ac = shards_weights(c.strategy) || c.strategy == Strategy::fsdp_shard_grad_op ? 0 : 1;
+  const double weight_copy = ac ? job.layer_weight_copy_bytes : 0.0, head_copy = ac ? job.head_weight_copy_bytes : 0.0;
+  const double block = B * job.block_bytes_per_sample[static_cast<int>(c.attention)][sel][ac];
+  const double block_full = B * job.block_bytes_per_sample[static_cast<int>(c.attention)][0][ac];  // a recomputed block
+  // Selective checkpointing recomputes the rest of one block at a time in backward.
+  const double selective_recompute = sel ? std::max(0.0, block_full - block) : 0.0;
+  const double head_act = B * job.head_bytes_per_sample[ac];
+  const double block_input = B * job.block_input_bytes_per_sample[ac];
   const double loss_peak = B * job.loss_peak_bytes_per_sample;
   const double loss_kept = B * job.loss_kept_bytes_per_sample;
   const bool offload_act = c.activation_offload && ckpt;
@@ -261,13 +273,14 @@ MemoryEstimate estimate_memory(const PreparedJob& job, const Candidate& c, int64
   // Activations of `layers` blocks with `in_flight` micro-batches alive (pipelines keep several),
   // with amp's bf16 weight copies (saved once per micro-batch's forward).
   auto activations = [&](int64_t layers, bool with_head, int64_t in_flight) {
-    double kept = ckpt ? layers * block_input : layers * (block + job.layer_weight_copy_bytes);
+    double kept = ckpt ? layers * block_input : layers * (block + weight_copy);
     if (offload_act) {  // all but the inputs being copied out / brought back stay on the host
       act_host += in_flight * std::max<int64_t>(0, layers - 2) * block_input;
       kept = std::min<int64_t>(layers, 2) * block_input;
     }
-    double bytes = in_flight * (kept + (with_head ? head_act + job.head_weight_copy_bytes : 0));
-    if (ckpt && layers > 0) bytes += block_full + job.layer_weight_copy_bytes;  // the block being recomputed
+    double bytes = in_flight * (kept + (with_head ? head_act + head_copy : 0));
+    if (ckpt && layers > 0) bytes += block_full + weight_copy;  // the block being recomputed
+    if (layers > 0) bytes += selective_recompute;
     return to_bytes(bytes);
   };
 
@@ -305,15 +318,16 @@ MemoryEstimate estimate_memory(const PreparedJob& job, const Candidate& c, int64
     double g = job.embedding_grad_bytes + layers * job.layer_grad_bytes + job.head_grad_bytes;
     double o = job.embedding_opt_bytes + layers * job.layer_opt_bytes + job.head_opt_bytes;
     if (!ckpt) {
+      // Selective: the loss's peak and the last block's recompute are not alive together.
       m.activations = activations(model.num_layers, true, 1);
-      m.logits_loss = to_bytes(loss_peak);
+      m.logits_loss = to_bytes(std::max(0.0, loss_peak - selective_recompute));
     } else {
       // Backward runs the head (and frees the loss's tensors) before it recomputes the last block,
       // so the recomputed block and the loss peak are never alive together: activations hold every
       // block input and the recomputed block; logits+loss only what the head and loss need beyond.
       m.activations = activations(model.num_layers, false, 1);
-      const double recompute = block_full + job.layer_weight_copy_bytes;
-      m.logits_loss = to_bytes(std::max(0.0, head_act + job.head_weight_copy_bytes + loss_peak - recompute));
+      const double recompute = block_full + weight_copy;
+      m.logits_loss = to_bytes(std::max(0.0, head_act + head_copy + loss_peak - recompute));
     }
     const double grad_bytes_per_elem = trainable_param_bytes(setup.precision, setup.optimizer).gradient;
     const double bucket_elements = fw.zero_bucket_is_hidden_squared

@@ -89,9 +89,12 @@ struct PreparedJob {
   double trainable_save_bytes = 0;        // what a save writes: the trainable weights (adapters, or all)
   int64_t trainable_params = 0;
   int64_t dequant_bytes = 0;              // QLoRA: the dequantised weights alive at once
-  int64_t block_bytes_per_sample[2][2] = {{0, 0}, {0, 0}};  // [fused, eager][none, selective] one block
-  int64_t head_bytes_per_sample = 0;
-  int64_t block_input_bytes_per_sample = 0;
+  // [fused, eager][none, selective][autocast with fp32 parameters: no, yes] one block. Under amp,
+  // strategies that compute with fp32 parameters (single, DDP, ZeRO-1/2, pipelines) run autocast: an
+  // fp32 residual stream and bf16 weight copies; FSDP and ZeRO-3 gather bf16 parameters instead.
+  int64_t block_bytes_per_sample[2][2][2] = {};
+  int64_t head_bytes_per_sample[2] = {0, 0};
+  int64_t block_input_bytes_per_sample[2] = {0, 0};
   double loss_peak_bytes_per_sample = 0;  // the loss implementation's peak
   double loss_kept_bytes_per_sample = 0;  // what it keeps from forward to backward
 };

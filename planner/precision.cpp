@@ -24,12 +24,6 @@ ParamBytes trainable_param_bytes(Precision precision, Optimizer optimizer) {
 
 int activation_bytes(Precision precision) { return precision == Precision::fp32 ? 4 : 2; }
 
-int residual_bytes(Precision precision, Method method) {
-  if (precision == Precision::fp32) return 4;
-  // amp: an fp32 embedding (full fine-tuning) starts an fp32 residual stream; a bf16 base does not.
-  return precision == Precision::amp && method == Method::full ? 4 : 2;
-}
-
 int64_t nf4_storage_bytes(int64_t numel, bool double_quant) {
   const int64_t blocks = (numel + 63) / 64;
   if (!double_quant) return (numel + 1) / 2 + blocks * 4;  // an fp32 absmax per block

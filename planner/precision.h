@@ -20,11 +20,6 @@ ParamBytes trainable_param_bytes(Precision precision, Optimizer optimizer);
 // Bytes of one activation element: 2 under mixed/amp/bf16 compute, 4 under fp32.
 int activation_bytes(Precision precision);
 
-// Bytes of one element of the residual stream (a block's input): under amp with full fine-tuning the
-// fp32 embedding's output and every residual add stay fp32 (autocast casts only matmul inputs);
-// else the compute dtype.
-int residual_bytes(Precision precision, Method method);
-
 // Bytes per frozen parameter as stored (LoRA's base weights): bf16 unless fp32. Under amp the
 // trainable weights (the adapters) are fp32 and the frozen base is taken as loaded in bf16
 // (torch_dtype=bfloat16, as PEFT's and TRL's LoRA examples load it).

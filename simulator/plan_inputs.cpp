@@ -30,7 +30,11 @@ StepInputs step_inputs_from_plan(const PlanContext& ctx, const Candidate& c, boo
 
   // QLoRA dequantises each block's NF4 weights before its forward and again before its backward.
   const double block_dequant = ctx.nf4_params ? nf4_dequant_time_s(ctx.nf4_params / model.num_layers, hw) : 0.0;
-  const int64_t block_input = B * mem.block_input_bytes_per_sample;
+  // Autocast's effects where fp32 parameters meet the matmuls (not under FSDP/ZeRO-3): memory_model.h.
+  const bool gathers = c.strategy == Strategy::zero3 || c.strategy == Strategy::zero3_offload || c.strategy == Strategy::fsdp ||
+                       c.strategy == Strategy::fsdp_hybrid || c.strategy == Strategy::fsdp_shard_grad_op;
+  const int ac = gathers ? 0 : 1;
+  const int64_t block_input = B * mem.block_input_bytes_per_sample[ac];
 
   LayerCost embedding;
   embedding.name = "embedding";
@@ -51,8 +55,8 @@ StepInputs step_inputs_from_plan(const PlanContext& ctx, const Candidate& c, boo
     block.grad_bytes = ctx.block_grad_bytes;
     block.updated_param_bytes = ctx.block_update_bytes;
     const int selective = c.checkpointing == Checkpointing::selective ? 1 : 0;
-    block.saved_activation_bytes = B * mem.block_bytes_per_sample[static_cast<int>(c.attention)][selective] +
-                                   static_cast<int64_t>(mem.layer_weight_copy_bytes);
+    block.saved_activation_bytes = B * mem.block_bytes_per_sample[static_cast<int>(c.attention)][selective][ac] +
+                                   (ac ? static_cast<int64_t>(mem.layer_weight_copy_bytes) : 0);
     block.checkpoint_bytes = block_input;
     in.layers.push_back(block);
   }
@@ -65,7 +69,7 @@ StepInputs step_inputs_from_plan(const PlanContext& ctx, const Candidate& c, boo
   head.param_bytes = ctx.head_weight_bytes;
   head.grad_bytes = ctx.head_grad_bytes;
   head.updated_param_bytes = ctx.head_update_bytes;
-  head.saved_activation_bytes = B * mem.head_bytes_per_sample + static_cast<int64_t>(mem.head_weight_copy_bytes);
+  head.saved_activation_bytes = B * mem.head_bytes_per_sample[ac] + (ac ? static_cast<int64_t>(mem.head_weight_copy_bytes) : 0);
   head.checkpoint_bytes = block_input;
   head.checkpointable = false;
   in.layers.push_back(head);
