@@ -10,7 +10,7 @@ namespace ftplan::cli {
 // excess), 2 on bad input. planner/check.h says which plan is judged.
 int run_check(const CheckOptions& o) {
   const CheckLimits limits{o.limits.get_number("--max-hours"), o.limits.get_number("--max-cost"),
-                           o.limits.get_number("--max-memory-fraction")};
+                           o.limits.get_number("--max-memory-fraction"), o.limits.get_number("--max-host-memory-fraction")};
   const LoadedJob job = load_job(o.job);
   const Objective objective = parse_objective(o.objective, "--objective");
   if ((limits.max_hours || limits.max_cost) && job_tokens(job.setup) == 0)

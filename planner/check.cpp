@@ -16,7 +16,8 @@ bool meets_all(const std::vector<LimitVerdict>& v) {
 
 }  // namespace
 
-std::vector<LimitVerdict> judge_plan(const RankedCandidate& r, const HardwareSpec& hw, const CheckLimits& limits) {
+std::vector<LimitVerdict> judge_plan(const RankedCandidate& r, const HardwareSpec& hw, const CheckLimits& limits,
+                                     const TrainingSetup& setup) {
   std::vector<LimitVerdict> out;
   if (limits.max_hours) {
     LimitVerdict v{"time", true, r.job_time_s / 3600.0, *limits.max_hours, "h", ""};
@@ -42,6 +43,21 @@ std::vector<LimitVerdict> judge_plan(const RankedCandidate& r, const HardwareSpe
                (v.ok ? "" : " (over by " + format_gib(r.memory.per_gpu.total - v.limit_value * hw.memory_bytes) + ")");
     out.push_back(v);
   }
+  if (limits.max_host_memory_fraction) {
+    const double host = setup.host_memory_gib ? *setup.host_memory_gib * double(1ll << 30) : double(hw.host_memory_bytes_per_node);
+    const double fraction = r.memory.host_per_node / host;
+    LimitVerdict v{"host memory", fraction <= *limits.max_host_memory_fraction, fraction, *limits.max_host_memory_fraction,
+                   "fraction of host memory", ""};
+    const auto& m = r.memory;
+    const char* phase = m.host_per_node == m.load.host_bytes_per_node ? "load"
+                        : m.host_per_node == m.save.host_bytes_per_node ? "save"
+                                                                         : "step";
+    v.detail = format_fixed(fraction, 3) + " of " + format_gib(host) + " per node (peak " + format_gib(m.host_per_node) +
+               " while " + (std::string(phase) == "load" ? "loading" : std::string(phase) == "save" ? "saving" : "training") +
+               ") vs limit " + format_fixed(v.limit_value, 3) +
+               (v.ok ? "" : " (over by " + format_gib(r.memory.host_per_node - v.limit_value * host) + ")");
+    out.push_back(v);
+  }
   return out;
 }
 
@@ -52,7 +68,7 @@ CheckResult check_plan(const PlanResult& plan, const HardwareSpec& hw, const Tra
   c.candidates_feasible = static_cast<int64_t>(plan.candidates.size());
   std::optional<RankedCandidate> first_meeting;
   for (const auto& cand : plan.candidates) {  // best first
-    if (!meets_all(judge_plan(cand, hw, limits))) continue;
+    if (!meets_all(judge_plan(cand, hw, limits, setup))) continue;
     ++c.candidates_meeting;
     if (!first_meeting) first_meeting = cand;
   }
@@ -61,7 +77,7 @@ CheckResult check_plan(const PlanResult& plan, const HardwareSpec& hw, const Tra
     return c;
   }
   c.judged = any && first_meeting ? first_meeting : plan.recommended;
-  c.verdicts = judge_plan(*c.judged, hw, limits);
+  c.verdicts = judge_plan(*c.judged, hw, limits, setup);
   c.passed = meets_all(c.verdicts);
   int violated = 0;
   for (const auto& v : c.verdicts) violated += v.ok ? 0 : 1;

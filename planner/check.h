@@ -21,10 +21,11 @@ struct CheckLimits {
   std::optional<double> max_hours;            // longest acceptable job, hours
   std::optional<double> max_cost;             // highest acceptable job cost, USD
   std::optional<double> max_memory_fraction;  // largest acceptable share of the GPU's memory
+  std::optional<double> max_host_memory_fraction;  // largest acceptable share of a node's host memory
 };
 
 struct LimitVerdict {
-  std::string limit;        // "time", "cost", "memory"
+  std::string limit;        // "time", "cost", "memory", "host memory"
   bool ok = true;
   double value = 0;         // the plan's figure, in `unit`
   double limit_value = 0;
@@ -43,7 +44,8 @@ struct CheckResult {
 };
 
 // The verdicts of one plan.
-std::vector<LimitVerdict> judge_plan(const RankedCandidate& plan, const HardwareSpec& hw, const CheckLimits& limits);
+std::vector<LimitVerdict> judge_plan(const RankedCandidate& plan, const HardwareSpec& hw, const CheckLimits& limits,
+                                     const TrainingSetup& setup);
 
 // `any`: judge the best plan that meets every limit (else the recommended one).
 CheckResult check_plan(const PlanResult& plan, const HardwareSpec& hw, const TrainingSetup& setup,

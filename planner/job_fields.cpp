@@ -191,6 +191,8 @@ const std::vector<Row>& rows() {
       number("", "--max-cost", 0, 1e15, true, false, "USD", "Highest acceptable job cost", kCheckFlag | kSweepFlag),
       number("", "--max-memory-fraction", 0, 1, true, false, "fraction of GPU memory",
              "Largest acceptable share of GPU memory", kCheckFlag),
+      number("", "--max-host-memory-fraction", 0, 1, true, false, "fraction of host memory",
+             "Largest acceptable share of each node's host memory", kCheckFlag),
   };
   return table;
 }

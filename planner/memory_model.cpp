@@ -509,33 +509,70 @@ double zero_model_state_bytes(double params, double k, int64_t n, int stage) {
 
 std::vector<std::string> memory_assumptions(const ModelSpec& model, const HardwareSpec& hw,
                                             const TrainingSetup& setup) {
+  const FrameworkProfile& fw = framework_profile(setup.framework);
   const ParamBytes tb = trainable_param_bytes(setup.precision, setup.optimizer);
   std::vector<std::string> lines;
+  lines.push_back("framework " + fw.name + ": " + fw.title + " (" + fw.versions + "); configs/frameworks/" + fw.name +
+                  ".json cites each value");
   std::ostringstream conv;
   conv << "precision " << to_string(setup.precision) << " with " << to_string(setup.optimizer) << ": "
        << tb.weight << " + " << tb.gradient << " + " << tb.optimizer << " = "
        << tb.weight + tb.gradient + tb.optimizer << " B per trainable parameter (weights + gradients + "
-       << "optimizer incl. master weights)";
+       << "optimizer incl. master weights)" << (setup.given.count("precision") ? "" : " (the framework's default)");
   lines.push_back(conv.str());
   if (setup.method == Method::lora)
     lines.push_back("LoRA: frozen base in " + std::string(setup.precision == Precision::fp32 ? "fp32" : "bf16") +
                     ", rank " + std::to_string(setup.lora.rank) + " on " + std::to_string(setup.lora.targets.size()) +
                     " module(s) per block");
   if (setup.method == Method::qlora)
-    lines.push_back("QLoRA: block linears in NF4 (block 64, double quantisation: 4.127 bits/param), the rest bf16");
-  lines.push_back("activations: tensors autograd keeps for backward (RMSNorm input in fp32, " +
-                  std::string(activation_bytes(setup.precision) == 2 ? "bf16" : "fp32") +
-                  " elsewhere); loss peak 12 B x tokens x vocab (fp32 log-softmax, its gradient, the logits' gradient)");
-  lines.push_back("peak = sum of the terms (gradients alive with all activations: exact with gradient accumulation); "
-                  "under full checkpointing the loss peak and the recomputed block are not alive together");
-  lines.push_back("overhead: " + format_gib(hw.framework_overhead_bytes) +
-                  " CUDA context + workspaces per GPU, +256 MiB NCCL buffers when distributed");
-  lines.push_back("DDP: buckets hold a second copy of the gradients; ZeRO-1/2: 5e8-element buckets; "
-                  "ZeRO-3: the largest gathered unit + one prefetched + one layer's unsharded gradients; FSDP also keeps "
-                  "its last unit (norm, lm_head) gathered from forward into backward");
+    lines.push_back(std::string("QLoRA: block linears") + (fw.quantize_lm_head ? " and the head" : "") + " in NF4 (block 64, " +
+                    (setup.quantization.double_quant ? "double quantisation: 4.127" : "fp32 absmax per block: 4.5") +
+                    " bits/weight), the rest " + (fw.fp32_upcast_unquantized ? "upcast to fp32" : "in bf16") +
+                    (fw.quantized_matmul_saves_input ? "; each 4-bit matmul keeps its input (bitsandbytes < 0.43.2)" : ""));
+  const LossProfile& loss = fw.losses.count(setup.loss) ? fw.losses.at(setup.loss) : fw.losses.at(fw.loss);
+  std::ostringstream l;
+  l << "loss " << to_string(setup.loss) << ": peak " << loss.peak_bytes_per_token_vocab << " B x tokens x vocab";
+  if (loss.peak_bytes_per_token_hidden > 0) l << " + " << loss.peak_bytes_per_token_hidden << " B x tokens x hidden";
+  if (setup.compile && loss.compiled_peak_bytes_per_token_vocab >= 0)
+    l << " (compiled: " << loss.compiled_peak_bytes_per_token_vocab << " B x tokens x vocab)";
+  l << ", " << loss.kept_bytes_per_token_vocab << " B kept from forward to backward";
+  lines.push_back(l.str());
+  lines.push_back(std::string("activations: tensors autograd keeps for backward (RMSNorm input in fp32, ") +
+                  (activation_bytes(setup.precision) == 2 ? "bf16" : "fp32") + " elsewhere" +
+                  (fw.gqa_kv_repeated ? "; k and v repeated to every query head" : "") +
+                  (setup.compile ? "; compiled: pointwise intermediates recomputed" : "") +
+                  (setup.precision == Precision::amp && fw.autocast_weight_copies
+                       ? "; amp with fp32 parameters (single, DDP, ZeRO-1/2): fp32 residual stream and bf16 weight copies"
+                       : "") +
+                  "); selective checkpointing: " + fw.selective_mode);
+  if (setup.memory_seq_len() != setup.seq_len)
+    lines.push_back("padding: memory planned for the longest row, " + std::to_string(setup.memory_seq_len()) +
+                    " tokens (--max-tokens-per-row), not seq-len " + std::to_string(setup.seq_len));
+  lines.push_back("peak: the larger of forward-backward (all terms alive together; under checkpointing the loss peak "
+                  "and the recomputed block are not) and the optimizer step (activations freed, its temporaries alive)");
+  if (hw.kind == "gpu") {
+    std::ostringstream fig;
+    fig << "figures: allocated (torch.cuda.max_memory_allocated) = the terms + " << format_bytes(fw.cublas_workspace_bytes)
+        << " cuBLAS workspace; reserved (max_memory_reserved) = allocated x " << format_fixed(fw.reserved_over_allocated, 2)
+        << "; device (nvidia-smi) = reserved + " << format_bytes(fw.cuda_context_bytes) << " CUDA context + "
+        << format_bytes(fw.nccl_bytes_per_gpu) << " NCCL buffers when distributed; fits and total use device";
+    lines.push_back(fig.str());
+  }
+  lines.push_back("phases: load (weights only, a sharded strategy's unit being sharded, QLoRA quantising one weight), "
+                  "step, save (gradients freed, a sharded strategy gathering unit by unit); host per node: each rank's "
+                  "process (" + format_gib(fw.host_process_bytes_per_rank) + "), loading copies (" +
+                  (fw.load_host_copies == HostCopies::per_rank ? "one per rank" : fw.load_host_copies == HostCopies::rank0 ? "rank 0 only" : "none") +
+                  "), offloaded states, the saved state dict");
+  lines.push_back("DDP: buckets hold a second copy of the gradients; ZeRO-1/2: " +
+                  std::string(fw.zero_bucket_is_hidden_squared ? "hidden^2" : format_count(int64_t(fw.zero_reduce_bucket_elements))) +
+                  "-element buckets; ZeRO-3: the largest gathered unit + one prefetched + one layer's unsharded gradients; "
+                  "FSDP keeps its last unit gathered from forward into backward" +
+                  (fw.fsdp_no_sync_unsharded_grads ? ", and unsharded gradients between accumulated micro-batches" : ""));
   std::ostringstream fit;
-  fit << "fits: total <= " << (1 - setup.headroom_fraction) * 100 << "% of " << format_gib(hw.memory_bytes)
-      << " (" << hw.name << ")";
+  fit << "fits: device <= " << (1 - setup.headroom_fraction) * 100 << "% of " << format_gib(hw.memory_bytes)
+      << " (" << hw.name << ") and host <= " << (1 - setup.headroom_fraction) * 100 << "% of "
+      << format_gib(setup.host_memory_gib ? *setup.host_memory_gib * double(1ll << 30) : double(hw.host_memory_bytes_per_node))
+      << " per node";
   lines.push_back(fit.str());
   (void)model;
   return lines;

@@ -115,7 +115,22 @@ std::string memory_report_table(const MemoryReport& r) {
     for (const auto& row : r.rows) cell(gib(row.estimate.per_gpu.*field));
     out << "\n";
   }
-  out << std::left << std::setw(label_w) << "fits" << std::right;
+  // The step's peak as each metric reports it, when the peak happens, and the node's host memory.
+  using EField = int64_t MemoryEstimate::*;
+  const std::pair<const char*, EField> figures[] = {{"  allocated (torch)", &MemoryEstimate::allocated_peak},
+                                                    {"  reserved (torch)", &MemoryEstimate::reserved_peak},
+                                                    {"  device (smi)", &MemoryEstimate::device_peak},
+                                                    {"host per node", &MemoryEstimate::host_per_node}};
+  for (const auto& [label, field] : figures) {
+    out << std::left << std::setw(label_w) << label << std::right;
+    for (const auto& row : r.rows) cell(gib(row.estimate.*field));
+    out << "\n";
+  }
+  out << std::left << std::setw(label_w) << "peak" << std::right;
+  for (const auto& row : r.rows)
+    cell(row.estimate.peak_phase == "step" ? (row.estimate.peak_moment == "optimizer step" ? "optim" : "step")
+                                            : row.estimate.peak_phase);
+  out << "\n" << std::left << std::setw(label_w) << "fits" << std::right;
   for (const auto& row : r.rows) cell(row.estimate.fits ? "yes" : "NO");
   out << "\n" << std::left << std::setw(label_w) << "max micro-batch" << std::right;
   for (const auto& row : r.rows) cell(std::to_string(row.max_micro_batch));

@@ -81,6 +81,18 @@ single = [s for s in d["strategies"] if s["name"] == "single"][0]
 sys.exit(0 if single["fits"] is False and single["reason"].startswith("out of memory by") else 1)' "$TMP/oom.json" ||
   fail "70B full FT on one RTX 3090: single should be fits=false with 'out of memory by ...'"
 
+# Framework profiles (issue 11): an unknown framework, a knob the framework does not offer or
+# refuses, the longest row below the mean.
+expect_bad "unknown framework" "--framework" memory --model llama-3-8b --framework megatron-lm
+expect_bad "optimizer in backward with accumulation" "--optimizer-in-backward" \
+  plan --model llama-3.2-1b --framework torchtune --optimizer-in-backward --grad-accum 4
+expect_bad "activation offload under hf" "--activation-offload" memory --model llama-3.2-1b --activation-offload
+expect_bad "chunked loss under hf" "--loss chunked" memory --model llama-3.2-1b --loss chunked
+expect_bad "max tokens below the mean" "--max-tokens-per-row" \
+  memory --model llama-3.2-1b --dataset-rows 100 --mean-tokens-per-row 900 --max-tokens-per-row 500
+expect_bad "an FSDP version the framework does not run" "--fsdp-version" memory --model llama-3.2-1b --framework ftexec --fsdp-version 2
+expect_bad "check: bad host-memory fraction" "--max-host-memory-fraction" check --model llama-3.2-1b --max-host-memory-fraction 1.5
+
 if [ "$failures" -ne 0 ]; then
   echo "bad_input.sh: $failures check(s) failed"
   exit 1

@@ -45,11 +45,21 @@ for s in strategies:
             problems.append(f"{s.get('name')}: memory_per_gpu_bytes.{key} = {mem.get(key)!r}")
     if not isinstance(s.get("fits"), bool):
         problems.append(f"{s.get('name')}: fits = {s.get('fits')!r} is not a boolean")
-    parts = sum(mem.get(k, 0) for k in mem if k != "total")
+    parts = sum(mem.get(k, 0) for k in ("weights", "gradients", "optimizer", "activations", "logits_loss",
+                                         "temporary", "overhead"))
+    for key in ("allocated_peak", "reserved_peak", "device_peak"):
+        if not isinstance(mem.get(key), int):
+            problems.append(f"{s.get('name')}: memory_per_gpu_bytes.{key} = {mem.get(key)!r}")
+    if isinstance(mem.get("allocated_peak"), int) and not (mem["allocated_peak"] <= mem["reserved_peak"] <= mem["device_peak"] <= mem["total"]):
+        problems.append(f"{s.get('name')}: not allocated <= reserved <= device <= total: {mem}")
+    if mem.get("peak_phase") not in ("load", "step", "save") or set(mem.get("phases", {})) != {"load", "step", "save"}:
+        problems.append(f"{s.get('name')}: peak_phase / phases missing: {mem.get('peak_phase')!r} {mem.get('phases')!r}")
+    if not isinstance(s.get("host_memory_per_node_bytes"), int):
+        problems.append(f"{s.get('name')}: host_memory_per_node_bytes missing")
     if isinstance(mem.get("total"), int) and parts != mem["total"]:
         problems.append(f"{s.get('name')}: the parts sum to {parts}, total is {mem['total']}")
-    if s.get("fits") is False and "out of memory by" not in s.get("reason", ""):
-        problems.append(f"{s.get('name')}: fits=false without an 'out of memory by' reason")
+    if s.get("fits") is False and "out of memory by" not in s.get("reason", "") and "out of host memory by" not in s.get("reason", ""):
+        problems.append(f"{s.get('name')}: fits=false without an 'out of (host) memory by' reason")
 for p in problems:
     print(p)
 sys.exit(1 if problems else 0)

@@ -26,15 +26,16 @@ nlohmann::json hwdb_json(const std::string& id) {
 
 TEST_CASE("hwdb ships every GPU and the CPU pseudo device", "[hwdb]") {
   const std::vector<std::string> expected = {
-      "a100-40gb-sxm", "a100-80gb-pcie", "a100-80gb-sxm", "cpu",          "h100-pcie",
-      "h100-sxm",      "h200",           "l4",            "l40s",         "rtx-3090",
-      "rtx-4090",      "rtx-6000-ada",   "rtx-a6000",     "v100-32gb"};
+      "a100-40gb-sxm", "a100-80gb-pcie", "a100-80gb-sxm", "a10g",         "cpu",
+      "h100-96gb-hbm2e", "h100-pcie",    "h100-sxm",      "h200",         "l4",
+      "l40s",          "rtx-3090",       "rtx-4090",      "rtx-6000-ada", "rtx-a6000",
+      "v100-32gb"};
   CHECK(ftplan::list_hardware_ids() == expected);  // sorted
 }
 
 TEST_CASE("every shipped hwdb file loads and sources every figure", "[hwdb]") {
   const auto ids = ftplan::list_hardware_ids();
-  REQUIRE(ids.size() == 14);
+  REQUIRE(ids.size() == 16);
   for (const auto& id : ids) {
     CAPTURE(id);
     ftplan::HardwareSpec hw;

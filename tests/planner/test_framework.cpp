@@ -1,0 +1,200 @@
+// Framework profiles (configs/frameworks): each shipped profile loads with every value sourced, and the
+// behaviours they carry give the figures derived by hand below.
+#include <catch2/catch.hpp>
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "planner/data_paths.h"
+#include "planner/errors.h"
+#include "planner/json_fields.h"
+#include "planner/framework.h"
+#include "planner/hardware_spec.h"
+#include "planner/memory_model.h"
+#include "planner/model_spec.h"
+#include "planner/training_setup.h"
+
+using Catch::Matchers::Contains;
+using ftplan::Candidate;
+using ftplan::Checkpointing;
+using ftplan::Method;
+using ftplan::Strategy;
+
+namespace {
+
+ftplan::TrainingSetup job(const std::string& model, const std::string& framework, Method method) {
+  ftplan::TrainingSetup s;
+  s.model = model;
+  s.framework = framework;
+  s.method = method;
+  ftplan::apply_framework(s, ftplan::framework_profile(framework));
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("every shipped profile loads, with a source for every value", "[framework]") {
+  const auto names = ftplan::list_frameworks();
+  REQUIRE(names.size() >= 6);
+  for (const char* want : {"hf", "deepspeed", "fsdp", "lightning", "torchtune", "ftexec"})
+    CHECK(std::find(names.begin(), names.end(), want) != names.end());
+  for (const auto& name : names) {
+    CAPTURE(name);
+    const ftplan::FrameworkProfile p = ftplan::load_framework(name);
+    CHECK(p.name == name);
+    CHECK(p.losses.count(p.loss) == 1);
+    CHECK(p.sources.size() >= 35);  // every leaf of the schema, each with its source
+    for (const auto& [key, source] : p.sources) CHECK(source.size() >= 8);
+  }
+}
+
+TEST_CASE("a profile with an unknown key, a missing source or a missing value is refused", "[framework]") {
+  nlohmann::json hf = ftplan::read_json_file(ftplan::data_dir() + "/configs/frameworks/hf.json");
+  auto bad = hf;
+  bad["loading"]["host_copiez"] = {{"value", "none"}, {"source", "a typo of host_copies"}};
+  CHECK_THROWS_WITH(ftplan::framework_profile_from_json(bad, "x.json"), Contains("host_copiez") && Contains("unknown key"));
+  bad = hf;
+  bad["runtime"]["cuda_context_bytes"].erase("source");
+  CHECK_THROWS_WITH(ftplan::framework_profile_from_json(bad, "x.json"), Contains("cuda_context_bytes"));
+  bad = hf;
+  bad["knobs"].erase("compile");
+  CHECK_THROWS_WITH(ftplan::framework_profile_from_json(bad, "x.json"), Contains("knobs: compile: missing"));
+}
+
+TEST_CASE("FSDP-1 with LoRA: units mixing frozen and trainable weights hold gradients for all of them", "[framework][memory]") {
+  // Llama-2-7B, LoRA r=16 on q_proj,v_proj, pure bf16 (2-byte gradients), FSDP on 8 GPUs.
+  // One block: 4 x 4096^2 + 3 x 4096 x 11008 + 2 x 4096 = 202,383,360 parameters; its adapters
+  // 2 x 16 x (4096 + 4096) = 262,144. lightning-2024 wraps whole blocks (mixed units): each block's
+  // FlatParameter gradient is whole: (202,383,360 + 262,144) x 2 B = 405,291,008 B per block.
+  const auto model = ftplan::load_model("llama-2-7b");
+  const auto hw = ftplan::load_hardware("a100-80gb-sxm");
+  auto s = job("llama-2-7b", "lightning-2024", Method::lora);
+  s.precision = ftplan::Precision::bf16;
+  s.num_gpus = 8;
+  s.seq_len = 512;
+  const Candidate c{Strategy::fsdp, 1, Checkpointing::full, ftplan::Attention::fused};
+  SECTION("synchronised every micro-batch: the gradients are sharded over 8 GPUs") {
+    s.grad_accum = 1;
+    CHECK(ftplan::estimate_memory(model, hw, s, c).per_gpu.gradients == 32 * INT64_C(405291008) / 8);
+  }
+  SECTION("under no_sync (gradient accumulation) every block's gradient stays unsharded") {
+    s.grad_accum = 4;
+    CHECK(ftplan::estimate_memory(model, hw, s, c).per_gpu.gradients == 32 * INT64_C(405291008));
+  }
+  SECTION("adapters wrapped as their own units (hf: PEFT's policy) hold only the adapters' gradients") {
+    auto h = job("llama-2-7b", "hf", Method::lora);
+    h.precision = ftplan::Precision::bf16;
+    h.num_gpus = 8;
+    h.seq_len = 512;
+    h.grad_accum = 4;  // no_sync keeps them unsharded: 32 x 262,144 x 2 B
+    CHECK(ftplan::estimate_memory(model, hw, h, c).per_gpu.gradients == 32 * INT64_C(262144) * 2);
+  }
+}
+
+TEST_CASE("bitsandbytes 4-bit bytes of one Llama-2-7B block", "[framework][memory]") {
+  // The seven block linears hold 4 x 4096^2 + 3 x 4096 x 11008 = 202,375,168 weights: 101,187,584 B
+  // of codes and 3,162,112 blocks of 64. Without double quantisation (BitsAndBytesConfig's default)
+  // each block has an fp32 absmax: + 12,648,448 B = 113,836,032 B (4.5 bits per weight). The two
+  // RMSNorm weights (8,192) are upcast to fp32 by prepare_model_for_kbit_training: + 32,768 B.
+  const auto model = ftplan::load_model("llama-2-7b");
+  const auto hw = ftplan::load_hardware("a100-80gb-sxm");
+  auto s = job("llama-2-7b", "hf", Method::qlora);
+  s.lora.targets = {"q_proj"};
+  s.lora.rank = 1;  // adapters: 1 x (4096 + 4096) = 8,192 fp32 parameters under amp, 4 B each
+  CHECK_FALSE(s.quantization.double_quant);
+  const double adapters = 8192.0 * 4;
+  CHECK(ftplan::prepare_job(model, hw, s).layer_weight_bytes == 113836032.0 + 32768.0 + adapters);
+  // With double quantisation: an 8-bit absmax per block and an fp32 scale per 256 blocks, tensor by
+  // tensor (q,k,v,o: 262,144 blocks, 1,024 scales each; gate, up, down: 704,512 blocks, 2,752 each):
+  // 101,187,584 + 3,162,112 + (4 x 1,024 + 3 x 2,752) x 4 = 104,399,104 B.
+  s.quantization.double_quant = true;
+  CHECK(ftplan::prepare_job(model, hw, s).layer_weight_bytes == 104399104.0 + 32768.0 + adapters);
+}
+
+TEST_CASE("chunked vs full loss: the peaks differ by the profile's bytes per token and vocabulary entry", "[framework][memory]") {
+  // torchtune: full cross-entropy on fp32 logits peaks at 12 B per token x vocab, the eager chunked
+  // loss at 6.5 (the bf16 chunks, the saved fp32 log-softmax, one chunk's upcast). Llama-3.2-1B
+  // (vocabulary 128,256), micro-batch 2 x 1,024 tokens, no checkpointing, one GPU:
+  // (12 - 6.5) x 2,048 x 128,256 = 1,444,675,584 B less.
+  const auto model = ftplan::load_model("llama-3.2-1b");
+  const auto hw = ftplan::load_hardware("a100-80gb-sxm");
+  auto s = job("llama-3.2-1b", "torchtune", Method::lora);
+  s.seq_len = 1024;
+  const Candidate c{Strategy::single, 2, Checkpointing::none, ftplan::Attention::fused};
+  s.loss = ftplan::Loss::full;
+  const auto full = ftplan::estimate_memory(model, hw, s, c).per_gpu.logits_loss;
+  s.loss = ftplan::Loss::chunked;
+  const auto chunked = ftplan::estimate_memory(model, hw, s, c).per_gpu.logits_loss;
+  CHECK(full == INT64_C(12) * 2048 * 128256);
+  CHECK(full - chunked == INT64_C(1444675584));
+  // Under compile the chunked loss is compiled with its upcast: 2.5 B at the peak.
+  s.compile = true;
+  CHECK(ftplan::estimate_memory(model, hw, s, c).per_gpu.logits_loss == INT64_C(5) * 2048 * 128256 / 2);
+}
+
+TEST_CASE("host memory: Llama-3.1-70B full fine-tuning with ZeRO-3 offload on one RTX 3090 and 64 GiB of host memory",
+          "[framework][memory]") {
+  // The GPU holds only gathered units; the host holds fp32 weights (amp, the hf default), fp32
+  // gradients and AdamW's two fp32 moments: (4 + 4 + 8) x 70,553,706,496 = 1,128,859,303,936 B, plus
+  // the process (3 GiB), during the step; saving gathers the fp32 state dict on rank 0's host beside
+  // them (+ 4 x 70,553,706,496 B): far beyond 64 GiB.
+  const auto model = ftplan::load_model("llama-3.1-70b");
+  const auto hw = ftplan::load_hardware("rtx-3090");
+  auto s = job("llama-3.1-70b", "hf", Method::full);
+  s.host_memory_gib = 64;
+  s.seq_len = 2048;
+  const auto e = ftplan::estimate_memory(model, hw, s, {Strategy::zero3_offload, 1, Checkpointing::full});
+  CHECK(e.per_gpu.host == INT64_C(1128859303936));
+  CHECK(e.step.host_bytes_per_node == INT64_C(1128859303936) + (INT64_C(3) << 30));
+  CHECK(e.save.host_bytes_per_node == e.step.host_bytes_per_node + 4 * INT64_C(70553706496));
+  CHECK(e.host_per_node == e.save.host_bytes_per_node);
+  CHECK(e.per_gpu.total <= e.usable_bytes);  // the GPU alone would fit ...
+  CHECK_FALSE(e.fits);                       // ... the host does not
+  CHECK_THAT(e.reason, Contains("out of host memory") && Contains("--host-memory-gib"));
+}
+
+TEST_CASE("allocated <= reserved <= device for every strategy and framework", "[framework][memory]") {
+  const auto model = ftplan::load_model("llama-3-8b");
+  const auto hw = ftplan::load_hardware("a100-80gb-sxm");
+  for (const auto& fw : ftplan::list_frameworks()) {
+    for (Method method : {Method::full, Method::lora, Method::qlora}) {
+      auto s = job("llama-3-8b", fw, method);
+      s.num_gpus = 8;
+      s.seq_len = 1024;
+      s.grad_accum = 2;
+      const auto job_prepared = ftplan::prepare_job(model, hw, s);
+      for (Strategy st : ftplan::all_strategies()) {
+        for (Checkpointing ck : {Checkpointing::none, Checkpointing::full, Checkpointing::selective}) {
+          CAPTURE(fw, ftplan::to_string(method), ftplan::to_string(st), ftplan::to_string(ck));
+          const auto e = ftplan::estimate_memory(job_prepared, {st, 2, ck, ftplan::Attention::fused}, 8);
+          CHECK(e.allocated_peak <= e.reserved_peak);
+          CHECK(e.reserved_peak <= e.device_peak);
+          CHECK(e.device_peak <= e.per_gpu.total);
+          CHECK(e.per_gpu.overhead >= 0);
+          CHECK(e.step.device_bytes == e.device_peak);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("a knob the framework does not offer, or refuses, is bad input naming both", "[framework]") {
+  auto s = job("llama-3-8b", "torchtune", Method::full);
+  s.optimizer_in_backward = true;
+  s.grad_accum = 4;
+  CHECK_THROWS_WITH(ftplan::apply_framework(s, ftplan::framework_profile("torchtune")),
+                    Contains("--optimizer-in-backward") && Contains("--grad-accum 4") && Contains("torchtune"));
+  s.grad_accum = 1;
+  CHECK_NOTHROW(ftplan::apply_framework(s, ftplan::framework_profile("torchtune")));
+  auto h = job("llama-3-8b", "hf", Method::full);
+  h.activation_offload = true;
+  CHECK_THROWS_WITH(ftplan::apply_framework(h, ftplan::framework_profile("hf")),
+                    Contains("--activation-offload") && Contains("--framework hf"));
+  h.activation_offload = false;
+  h.loss = ftplan::Loss::chunked;
+  h.given.insert("loss");  // as a job file or --loss records it
+  CHECK_THROWS_WITH(ftplan::apply_framework(h, ftplan::framework_profile("hf")),
+                    Contains("--loss chunked") && Contains("full, fused-linear"));
+  CHECK_THROWS_WITH(ftplan::framework_profile("no-such-framework"), Contains("--framework"));
+}
