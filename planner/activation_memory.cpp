@@ -39,10 +39,8 @@ ActivationInputs activation_inputs(const TrainingSetup& setup, int64_t micro_bat
   in.quantized_saves_input = fw.quantized_saves_input;
   // amp under autocast: an fp32 embedding (full fine-tuning) starts an fp32 residual stream;
   // FSDP's mixed precision computes with bf16 parameters instead.
-  in.residual_bytes = setup.precision == Precision::fp32 ||
-                              (setup.precision == Precision::amp && setup.method == Method::full && fw.autocast)
-                          ? 4
-                          : 2;
+  // (fw.autocast: the caller's judgement that autocast meets fp32 weights for this job and strategy.)
+  in.residual_bytes = setup.precision == Precision::fp32 || (setup.precision == Precision::amp && fw.autocast) ? 4 : 2;
   return in;
 }
 

@@ -81,6 +81,8 @@ const std::vector<std::pair<std::string, Setter>>& leaves() {
       {"optimizer.step_transient_bytes_per_param",
        [](P& p, const Json& v, const std::string& n) { p.optimizer_step_transient_bytes_per_param = number_in(v, n, 0, 64); }},
       {"loading.host_copies", [](P& p, const Json& v, const std::string& n) { p.load_host_copies = host_copies(v, n); }},
+      {"loading.amp_frozen_weight_bytes",
+       [](P& p, const Json& v, const std::string& n) { p.amp_frozen_weight_bytes = number_in(v, n, 2, 4); }},
       {"saving.host_copies", [](P& p, const Json& v, const std::string& n) { p.save_host_copies = host_copies(v, n); }},
       {"saving.gathers_units_on_gpu",
        [](P& p, const Json& v, const std::string& n) { p.save_gathers_units_on_gpu = boolean(v, n); }},

@@ -79,6 +79,7 @@ struct FrameworkProfile {
   double optimizer_step_transient_bytes_per_param = 0;  // e.g. foreach AdamW's sqrt of exp_avg_sq
 
   // Loading and saving.
+  double amp_frozen_weight_bytes = 2;  // amp: a frozen (LoRA base) weight's bytes: 2 when loaded in bf16, 4 in fp32
   HostCopies load_host_copies = HostCopies::per_rank;  // full model copies in host memory while loading
   HostCopies save_host_copies = HostCopies::rank0;     // a full state dict gathered on the host to save
   bool save_gathers_units_on_gpu = true;               // sharded strategies gather unit by unit to save

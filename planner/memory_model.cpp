@@ -84,7 +84,9 @@ struct StateBytes {
 // (prepare_model_for_kbit_training).
 StateBytes state_bytes(const UnitParams& u, const TrainingSetup& setup, const FrameworkProfile& fw) {
   const ParamBytes tb = trainable_param_bytes(setup.precision, setup.optimizer);
-  const double frozen = setup.method == Method::qlora && fw.fp32_upcast_unquantized ? 4.0 : frozen_weight_bytes(setup.precision);
+  const double frozen = setup.method == Method::qlora && fw.fp32_upcast_unquantized ? 4.0
+                        : setup.precision == Precision::amp                            ? fw.amp_frozen_weight_bytes
+                                                                                       : frozen_weight_bytes(setup.precision);
   const double compute = activation_bytes(setup.precision);
   return {u.trainable * tb.weight + u.frozen * frozen + double(u.nf4_bytes),
           (u.trainable + u.frozen) * compute + double(u.nf4_bytes), u.trainable * tb.gradient, u.trainable * tb.optimizer};
@@ -194,8 +196,9 @@ PreparedJob prepare_job(const ModelSpec& model, const HardwareSpec& hw, const Tr
   // all of it (the FlatParameter's gradient is whole) unless the adapters are units of their own.
   if (setup.method != Method::full && !fw.fsdp_lora_separate_units && setup.fsdp_version == 1)
     j.layer_frozen_grad_bytes = (u.layer.frozen + u.layer.nf4) * tb.gradient;
-  // amp: autocast's bf16 copies of fp32 weights (full fine-tuning; a LoRA base is already bf16).
-  const bool amp_copies = setup.precision == Precision::amp && fw.autocast_weight_copies && setup.method == Method::full;
+  // amp: autocast's bf16 copies of fp32 weights (full fine-tuning, or a LoRA base the framework keeps in fp32).
+  const bool fp32_weights = setup.method == Method::full || (setup.method == Method::lora && fw.amp_frozen_weight_bytes == 4);
+  const bool amp_copies = setup.precision == Precision::amp && fw.autocast_weight_copies && fp32_weights;
   const ParamCounts pc = count_params(model);
   j.layer_weight_copy_bytes = amp_copies ? 2.0 * u.layer_linear_weights : 0;
   j.head_weight_copy_bytes = amp_copies ? 2.0 * (pc.lm_head > 0 ? pc.lm_head : pc.embedding) : 0;
@@ -213,7 +216,7 @@ PreparedJob prepare_job(const ModelSpec& model, const HardwareSpec& hw, const Tr
                         ? to_bytes(fw.dequant_weights_alive * activation_bytes(setup.precision) * u.largest_quantized)
                         : 0;
   for (int ac = 0; ac < 2; ++ac) {
-    const ActivationFramework af{fw.gqa_kv_repeated, ac == 1 && fw.autocast_weight_copies,
+    const ActivationFramework af{fw.gqa_kv_repeated, ac == 1 && fw.autocast_weight_copies && fp32_weights,
                                  fw.selective_mode == "every-second-matmul", fw.quantized_matmul_saves_input};
     for (Attention a : {Attention::fused, Attention::eager})
       for (int sel = 0; sel < 2; ++sel)
