@@ -25,7 +25,7 @@ ftplan::TrainingSetup setup_from_plan(const nlohmann::json& plan, const std::str
     const auto& c = plan.at("candidate");
     const std::string cw = where + ": candidate";
     if (!c.is_object()) ftplan::fail_input(cw + ": expected an object");
-    ftplan::require_known_keys(c, {"strategy", "micro_batch", "checkpointing", "attention", "gpus"}, cw);
+    ftplan::require_known_keys(c, {"strategy", "micro_batch", "checkpointing", "attention", "activation_offload", "gpus"}, cw);
     for (auto it = c.begin(); it != c.end(); ++it)
       ftplan::apply_job_field(setup, ftplan::field_by_key(it.key()), *it, cw + ": " + it.key());
   }

@@ -345,6 +345,12 @@ std::vector<std::string> exec_problems(const TrainingSetup& s, const ModelSpec& 
   if (s.optimizer != Optimizer::adamw)
     problems.push_back("--optimizer (optimizer) " + to_string(s.optimizer) + ": ftexec implements adamw only");
   if (s.paged_optimizer) problems.push_back("--paged-optimizer (paged_optimizer): ftexec has no paged optimizer");
+  if (s.activation_offload) problems.push_back("--activation-offload (activation_offload): ftexec keeps activations on the device");
+  if (s.optimizer_in_backward)
+    problems.push_back("--optimizer-in-backward (optimizer_in_backward): ftexec steps the optimizer after backward");
+  if (s.checkpointing && *s.checkpointing == Checkpointing::selective)
+    problems.push_back("--checkpointing (checkpointing) selective: ftexec checkpoints whole blocks (none or full)");
+  if (s.compile) problems.push_back("--compile (compile): ftexec does not compile");
   if (model.max_position_embeddings > 0 && s.seq_len > model.max_position_embeddings && model.rope_scaling.type.empty())
     problems.push_back("--seq-len (seq_len) " + std::to_string(s.seq_len) + " exceeds the model's max_position_embeddings (" +
                        std::to_string(model.max_position_embeddings) + ")");

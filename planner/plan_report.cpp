@@ -16,6 +16,7 @@ nlohmann::json ranked_candidate_json(const RankedCandidate& c) {
   return {{"name", to_string(c.candidate.strategy)},
           {"micro_batch", c.candidate.micro_batch},
           {"checkpointing", to_string(c.candidate.checkpointing)},
+          {"activation_offload", c.candidate.activation_offload},
           {"attention", to_string(c.candidate.attention)},
           {"gpus_used", c.gpus_used},
           {"fits", c.memory.fits},
@@ -100,7 +101,9 @@ nlohmann::json plan_report_json(const ModelSpec& model, const HardwareSpec& hw, 
     j["recommended"] = {{"strategy", to_string(plan.recommended->candidate.strategy)},
                         {"micro_batch", plan.recommended->candidate.micro_batch},
                         {"checkpointing", to_string(plan.recommended->candidate.checkpointing)},
-                        {"reason", plan.reason}};
+                        {"activation_offload", plan.recommended->candidate.activation_offload},
+                        {"reason", plan.reason},
+                        {"knobs", plan.knobs}};
   else
     j["recommended"] = {{"strategy", nullptr}, {"reason", plan.reason}};
   j["rule_of_thumb"] = plan.rule_of_thumb;
@@ -140,12 +143,14 @@ std::string plan_report_table(const ModelSpec& model, const HardwareSpec& hw, co
   if (plan.recommended) {
     const RankedCandidate& w = *plan.recommended;
     out << "recommended: " << to_string(w.candidate.strategy) << " on " << w.gpus_used << " GPU(s), micro-batch "
-        << w.candidate.micro_batch << ", checkpointing " << to_string(w.candidate.checkpointing) << ": "
+        << w.candidate.micro_batch << ", checkpointing " << to_string(w.candidate.checkpointing)
+        << (w.candidate.activation_offload ? ", activation offload" : "") << ": "
         << format_fixed(w.step.step_time_s, 3) << " s/step, " << format_fixed(w.step.tokens_per_s, 0) << " tokens/s";
     if (w.has_job) out << ", job " << format_duration(w.job_time_s) << ", " << format_fixed(w.cost_usd, 2) << " USD";
     out << "\n";
   }
   out << "why: " << plan.reason << "\n";
+  if (plan.recommended) out << "knobs: " << plan.knobs << "\n";
   for (const auto& o : plan.strategies)
     if (o.verdict != "recommended") out << "  " << to_string(o.strategy) << ": " << o.verdict << "\n";
   out << plan.rule_of_thumb << "\n\nassumptions:\n";
@@ -162,6 +167,7 @@ nlohmann::json plan_file_json(const ModelSpec& model, const HardwareSpec& hw, co
   job.micro_batch = chosen.candidate.micro_batch;
   job.checkpointing = chosen.candidate.checkpointing;
   job.attention = chosen.candidate.attention;
+  job.activation_offload = chosen.candidate.activation_offload;
   nlohmann::json predicted = ranked_candidate_json(chosen);
   nlohmann::json j;
   j["format"] = "ftplan-plan/1";
@@ -170,6 +176,7 @@ nlohmann::json plan_file_json(const ModelSpec& model, const HardwareSpec& hw, co
                     {"micro_batch", chosen.candidate.micro_batch},
                     {"checkpointing", to_string(chosen.candidate.checkpointing)},
                     {"attention", to_string(chosen.candidate.attention)},
+                    {"activation_offload", chosen.candidate.activation_offload},
                     {"gpus", chosen.gpus_used}};
   j["predicted"] = predicted;
   j["model"] = model_json(model, trainable_params(model, setup));

@@ -8,6 +8,7 @@
 
 #include "planner/errors.h"
 #include "planner/format.h"
+#include "planner/framework.h"
 
 namespace ftplan {
 namespace {
@@ -90,8 +91,36 @@ std::string explain_difference(const RankedCandidate& winner, const RankedCandid
 std::string describe(const RankedCandidate& c) {
   std::ostringstream s;
   s << to_string(c.candidate.strategy) << " (micro-batch " << c.candidate.micro_batch << ", checkpointing "
-    << to_string(c.candidate.checkpointing) << ")";
+    << to_string(c.candidate.checkpointing) << (c.candidate.activation_offload ? ", activation offload" : "") << ")";
   return s.str();
+}
+
+// Why the winner uses the knobs that trade time for memory: what its strategy does without them.
+std::string explain_knobs(const PlanResult& result, const RankedCandidate& win) {
+  const Candidate& w = win.candidate;
+  auto best_without = [&](auto excluded) -> const RankedCandidate* {
+    for (const auto& c : result.candidates)  // best first
+      if (c.candidate.strategy == w.strategy && !excluded(c.candidate)) return &c;
+    return nullptr;
+  };
+  std::vector<std::string> parts;
+  auto say = [&](const std::string& knob, const RankedCandidate* alt) {
+    if (!alt)
+      parts.push_back(knob + ": without it nothing fits with " + to_string(w.strategy));
+    else if (ties(alt->score, win.score))
+      parts.push_back(knob + ": no cost here (within 0.5% of " + describe(*alt) + ")");
+    else
+      parts.push_back(knob + ": " + ratio(alt->score / win.score) + " better than the best without it, " + describe(*alt));
+  };
+  if (w.checkpointing != Checkpointing::none)
+    say("checkpointing " + to_string(w.checkpointing),
+        best_without([](const Candidate& c) { return c.checkpointing != Checkpointing::none; }));
+  if (w.activation_offload)
+    say("activation offload", best_without([](const Candidate& c) { return c.activation_offload; }));
+  if (parts.empty()) return "no memory-saving knob needed: checkpointing none, activations on the GPU";
+  std::string out;
+  for (size_t i = 0; i < parts.size(); ++i) out += (i ? "; " : "") + parts[i];
+  return out;
 }
 
 }  // namespace
@@ -118,8 +147,17 @@ SearchSpace search_space(const ModelSpec& model, const HardwareSpec& hw, const T
   } else {
     for (int64_t b = 1; b <= 64; b *= 2) space.micro_batches.push_back(b);
   }
-  space.checkpointing = setup.checkpointing ? std::vector<Checkpointing>{*setup.checkpointing}
-                                            : std::vector<Checkpointing>{Checkpointing::none, Checkpointing::full};
+  const FrameworkProfile& fw = framework_profile(setup.framework);
+  if (setup.checkpointing) {
+    space.checkpointing = {*setup.checkpointing};
+  } else {
+    space.checkpointing = {Checkpointing::none, Checkpointing::full};
+    if (fw.offers_selective_checkpointing) space.checkpointing.push_back(Checkpointing::selective);
+  }
+  // Activation offloading trades PCIe time for memory where the framework offers it (with full
+  // checkpointing); the user's choice stays fixed.
+  space.activation_offload = {setup.activation_offload};
+  if (!setup.given.count("activation_offload") && fw.offers_activation_offload) space.activation_offload = {false, true};
   space.attention = {setup.attention.value_or(Attention::fused)};
   return space;
 }
@@ -163,9 +201,11 @@ PlanResult plan_job(const ModelSpec& model, const HardwareSpec& hw, const Traini
     outcome.strategy = strategy;
     bool have_smallest = false;
     for (Checkpointing ck : space.checkpointing)
+      for (bool offload : space.activation_offload)
       for (Attention at : space.attention)
         for (int64_t b : space.micro_batches) {
-          RankedCandidate r = evaluate_candidate(ctx, {strategy, b, ck, at}, objective, false, options);
+          if (offload && ck != Checkpointing::full) continue;  // offloading moves the checkpointed inputs
+          RankedCandidate r = evaluate_candidate(ctx, {strategy, b, ck, at, offload}, objective, false, options);
           ++result.evaluated;
           if (r.memory.fits) {
             result.candidates.push_back(r);
@@ -225,11 +265,13 @@ void explain_plan(PlanResult& result, int64_t N) {
     else
       why << "; it is the only strategy that fits";
     result.reason = why.str();
+    result.knobs = explain_knobs(result, win);
   }
   for (auto& o : result.strategies) {
     if (!o.feasible) {
       o.verdict = o.best.memory.reason + " (at micro-batch " + std::to_string(o.best.candidate.micro_batch) +
-                  ", checkpointing " + to_string(o.best.candidate.checkpointing) + ")";
+                  ", checkpointing " + to_string(o.best.candidate.checkpointing) +
+                  (o.best.candidate.activation_offload ? ", activation offload" : "") + ")";
     } else if (result.recommended && o.strategy == result.recommended->candidate.strategy) {
       o.verdict = "recommended";
     } else if (result.recommended && ties(o.best.score, result.recommended->score)) {

@@ -42,6 +42,7 @@ struct PlanResult {
   std::vector<StrategyOutcome> strategies;  // one per strategy considered
   std::optional<RankedCandidate> recommended;
   std::string reason;         // why the winner beats the runner-up
+  std::string knobs;          // why it uses (or not) checkpointing and activation offload
   std::string rule_of_thumb;  // the seeds' rules, and whether the numbers agree
   int64_t evaluated = 0;      // candidates evaluated
   bool fits_one_gpu = false;  // some candidate fits a single GPU (the rules of thumb hinge on it)
@@ -52,6 +53,7 @@ struct SearchSpace {
   std::vector<int64_t> micro_batches;
   std::vector<Checkpointing> checkpointing;
   std::vector<Attention> attention;
+  std::vector<bool> activation_offload{false};
 };
 // What the user fixed stays fixed; the rest is searched (micro-batches 1, 2, 4, ... 64).
 SearchSpace search_space(const ModelSpec& model, const HardwareSpec& hw, const TrainingSetup& setup);

@@ -82,6 +82,15 @@ BucketedTime ddp_bucketed_all_reduce(const PlanContext& ctx, const StepOptions& 
   return t;
 }
 
+namespace {
+// The bytes of one element of a block input as this job checkpoints it (memory_model.h).
+double residual_bytes_of(const PlanContext& ctx) {
+  const auto& j = ctx.memory;
+  const double per_token = double(j.setup->memory_seq_len()) * j.model->hidden_size;
+  return per_token > 0 ? j.block_input_bytes_per_sample[0] / per_token : 2.0;
+}
+}  // namespace
+
 StepEstimate estimate_step(const PlanContext& ctx, const Candidate& cand, const StepOptions& opt) {
   const ModelSpec& model = *ctx.memory.model;
   const HardwareSpec& hw = *ctx.memory.hw;
@@ -89,15 +98,37 @@ StepEstimate estimate_step(const PlanContext& ctx, const Candidate& cand, const 
   const Interconnect& net = ctx.net;
   const int64_t N = ctx.num_gpus;
   const double G = static_cast<double>(setup.grad_accum);
-  const double T = static_cast<double>(cand.micro_batch) * setup.seq_len;  // tokens per micro-batch per GPU
+  // Tokens per micro-batch per GPU: packed rows fill seq_len; padded batches are timed at the mean
+  // row length where the dataset gives one (the padding is not counted).
+  const double row = !setup.packing && setup.dataset.mean_tokens_per_row > 0
+                         ? std::min<double>(setup.dataset.mean_tokens_per_row, setup.seq_len)
+                         : static_cast<double>(setup.seq_len);
+  const double T = static_cast<double>(cand.micro_batch) * row;
   const double rate = ctx.peak_flops * ctx.efficiency;
   const bool ckpt = cand.checkpointing == Checkpointing::full;
+  // Selective checkpointing recomputes part of each block in backward: the attention core
+  // (Korthikanti et al. 2022), or the matmuls torchtitan's policy does not save (k, o and up
+  // projections) with the pointwise ops between them.
+  double selective_recompute = 0;
+  if (cand.checkpointing == Checkpointing::selective) {
+    if (ctx.memory.framework->selective_mode == "every-second-matmul") {
+      const double h = model.hidden_size, q = model.q_dim(), kv = model.kv_dim(), i = model.intermediate_size;
+      const double all = h * (q + 2 * kv) + q * h + 3 * h * i;
+      selective_recompute = ctx.flops.block_matmul * model.num_layers * (h * kv + q * h + h * i) / all;
+    } else {
+      selective_recompute = ctx.flops.block_attention * model.num_layers;
+    }
+  }
 
   // One micro-batch through the whole model on one GPU.
   const double forward = ctx.flops.forward * T / rate;
-  const double backward = (ctx.flops.backward + (ckpt ? ctx.flops.block_forward : 0)) * T / rate;
+  const double backward = (ctx.flops.backward + (ckpt ? ctx.flops.block_forward : 0) + selective_recompute) * T / rate;
   const double dequant = ctx.nf4_params ? nf4_dequant_time_s(ctx.nf4_params, hw) * (ckpt ? 3 : 2) : 0;
-  const double micro = forward + backward + dequant;
+  // Activation offloading: each block input goes to the host in forward and back in backward, on
+  // its own stream (torchtune's OffloadActivations): only what compute cannot hide is exposed.
+  const double offload_bytes = cand.activation_offload ? 2.0 * model.num_layers * residual_bytes_of(ctx) * T * model.hidden_size : 0;
+  const double offload_s = offload_bytes / hw.pcie_host_bandwidth_bytes_per_s;
+  const double micro = forward + backward + dequant + (opt.overlap ? std::max(0.0, offload_s - (forward + backward)) : offload_s);
 
   auto time = [&](Collective c, double bytes) { return collective_time_s(net, c, bytes); };
   // Communication `comm` hidden behind a compute window, except `unhideable`.
