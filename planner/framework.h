@@ -91,10 +91,6 @@ struct FrameworkProfile {
   int64_t host_process_bytes_per_rank = 0;  // the Python process, CUDA libraries, data loader
   double reserved_over_allocated = 1.0; // the caching allocator's reserved peak / allocated peak
 
-  // Throughput.
-  double kernel_efficiency = 1.0;       // the framework's achieved share of the hwdb GEMM efficiency
-  double compile_speedup = 1.0;         // step time ÷ this under --compile
-
   // Knobs the framework offers (bad input otherwise).
   bool offers_activation_offload = false;
   bool offers_optimizer_in_backward = false;
