@@ -46,14 +46,13 @@ std::optional<std::string> FieldFlags::get_text(const std::string& flag) const {
   return field_text(field_by_flag(flag), *given.at(flag), flag);
 }
 
-void FieldFlags::apply_job(TrainingSetup& s, bool alpha_in_file) const {
+void FieldFlags::apply_job(TrainingSetup& s) const {
   for (const FieldSpec& f : field_table()) {
     if (!(f.places & kInJobFile) || !*f.flag || !has(f.flag)) continue;
     apply_job_field(s, f, field_value_from_text(f, *given.at(f.flag), f.flag), f.flag);
   }
   if (has("--dataset-rows") && !has("--dataset-tokens")) s.dataset.tokens = 0;
   if (has("--dataset-tokens") && !has("--dataset-rows")) s.dataset.rows = 0;
-  if (has("--lora-rank") && !has("--lora-alpha") && !alpha_in_file) s.lora.alpha = 2.0 * s.lora.rank;
 }
 
 nlohmann::json job_field_defaults() {

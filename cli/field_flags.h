@@ -28,9 +28,8 @@ struct FieldFlags {
   std::optional<double> get_number(const std::string& flag) const;
   std::optional<std::string> get_text(const std::string& flag) const;
   // Applies every given flag of a job field (kInJobFile) to the setup, in table order. Dataset
-  // rows and tokens replace each other; a LoRA rank without an alpha anywhere gets alpha 2r
-  // (`alpha_in_file`: the job file gave one).
-  void apply_job(TrainingSetup& setup, bool alpha_in_file) const;
+  // rows and tokens replace each other.
+  void apply_job(TrainingSetup& setup) const;
 };
 
 // Binds every field of the table whose places include one of `places` (e.g. kFtplanFlag), with its

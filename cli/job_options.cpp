@@ -19,16 +19,14 @@ void add_job_options(CLI::App& app, JobOptions& o) {
 LoadedJob load_job(const JobOptions& o) {
   o.flags.validate();
   TrainingSetup s;
-  bool alpha_in_file = false;
   if (!o.job_file.empty()) {
     const std::string path = resolve_data_file(o.job_file, "configs/jobs", "job");
     const nlohmann::json j = read_json_file(path);
     s = training_setup_from_json(j, path);
-    alpha_in_file = has_field(j, "lora") && has_field(j.at("lora"), "alpha");
   } else if (!o.flags.has("--model")) {
     fail_input("--model: required (or give a job file)");
   }
-  o.flags.apply_job(s, alpha_in_file);
+  o.flags.apply_job(s);
   // The framework fills what the user left out (its precision, loss, FSDP version, ...) and refuses
   // knobs it does not offer.
   apply_framework(s, framework_profile(s.framework));

@@ -325,7 +325,7 @@ nlohmann::json run_rank(const ExecJob& job, const DistEnv& env, const DistOption
     so.strategy = strategy_kind;
     so.method = s.method;
     so.precision = s.precision;
-    so.adamw = AdamWOptions{s.learning_rate, 0.9, 0.999, 1e-8, job.weight_decay};
+    so.adamw = AdamWOptions{s.learning_rate, job.adam_beta1, job.adam_beta2, job.adam_eps, job.weight_decay};
     so.grad_accum = s.grad_accum;
     so.max_grad_norm = job.max_grad_norm;
     so.ddp_bucket_bytes = static_cast<int64_t>(o.ddp_bucket_mb * double(1 << 20));
@@ -493,6 +493,7 @@ nlohmann::json run_rank(const ExecJob& job, const DistEnv& env, const DistOption
           {"device", cuda ? std::string("cuda (one GPU per rank)") : device},
           {"torch_version", compat::torch_version()},
           {"job", ftplan::training_setup_to_json(setup)},
+          {"settings", exec_settings_json(job)},
           {"candidate", candidate},
           {"world_size", comm->world()},
           {"data_parallel_size", dp},

@@ -67,6 +67,25 @@ ExecJob make_exec_job(const ftplan::TrainingSetup& setup_in, const std::string& 
   return job;
 }
 
+nlohmann::json exec_settings_json(const ExecJob& job) {
+  const auto& s = job.setup;
+  nlohmann::json j = {{"learning_rate", s.learning_rate},
+                      {"adam_beta1", job.adam_beta1},
+                      {"adam_beta2", job.adam_beta2},
+                      {"adam_eps", job.adam_eps},
+                      {"weight_decay", job.weight_decay},
+                      {"weight_decay_excludes", "biases and normalisation weights (Hugging Face Trainer's parameter groups)"},
+                      {"max_grad_norm", job.max_grad_norm},
+                      {"warmup_steps", job.warmup_steps},
+                      {"threads", job.threads}};
+  if (s.method != ftplan::Method::full) {
+    j["lora_rank"] = s.lora.rank;
+    j["lora_alpha"] = s.lora.alpha;
+    j["lora_dropout"] = s.lora.dropout;
+  }
+  return j;
+}
+
 double median(std::vector<double> v) {
   if (v.empty()) return 0.0;
   std::sort(v.begin(), v.end());

@@ -22,7 +22,10 @@ struct ExecJob {
   std::string device = "cpu";      // "cpu" or "cuda" / "cuda:N"
   int64_t warmup_steps = 1;        // excluded from the timings, e.g. 1
   double max_grad_norm = 1.0;      // gradient clipping (HF Trainer's default); 0: off
-  double weight_decay = 0.0;       // AdamW decoupled weight decay
+  double weight_decay = 0.0;       // AdamW decoupled weight decay (not on biases and norm weights, as HF Trainer)
+  double adam_beta1 = 0.9;         // HF TrainingArguments' defaults
+  double adam_beta2 = 0.999;
+  double adam_eps = 1e-8;
   int64_t threads = 0;             // intra-op threads; 0: all cores
   int64_t cpu_memory_limit_bytes = 0;  // 0: none
   std::string save_dir;            // adapter (LoRA) or full weights, "" for none
@@ -39,6 +42,10 @@ ftplan::TrainingSetup setup_from_plan(const nlohmann::json& plan, const std::str
 // ddp, zero1, zero2, zero3, fsdp, mp, pipeline (GPipe); method full/lora, precision fp32/bf16/mixed, optimizer adamw), and fills defaults. Every problem
 // is collected and reported together in one InputError.
 ExecJob make_exec_job(const ftplan::TrainingSetup& setup, const std::string& device);
+
+// measured.json's "settings": the optimizer and run settings the run used (learning rate, AdamW betas,
+// epsilon, weight decay and what it excludes, gradient clipping, LoRA rank and alpha, warm-up, threads).
+nlohmann::json exec_settings_json(const ExecJob& job);
 
 // The median of step times (warm-up steps already left out by the caller).
 double median(std::vector<double> values);

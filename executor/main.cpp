@@ -43,6 +43,9 @@ nlohmann::json run_defaults() {
   d["--threads"] = job.threads;
   d["--max-grad-norm"] = job.max_grad_norm;
   d["--weight-decay"] = job.weight_decay;
+  d["--adam-beta1"] = job.adam_beta1;
+  d["--adam-beta2"] = job.adam_beta2;
+  d["--adam-eps"] = job.adam_eps;
   d["--cpu-memory-limit-gib"] = 0;
   d["--nproc"] = 0;
   d["--timeout-s"] = dist.timeout_s;
@@ -100,18 +103,15 @@ int run_run(const RunOptions& o) {
 
   ftplan::TrainingSetup setup;
   std::optional<nlohmann::json> plan;
-  bool alpha_in_file = false;
   if (!o.plan_file.empty()) {
     plan = ftplan::read_json_file(o.plan_file);
     setup = ftexec::setup_from_plan(*plan, o.plan_file);
-    const nlohmann::json& job_json = plan->contains("job") ? (*plan)["job"] : *plan;
-    alpha_in_file = ftplan::has_field(job_json, "lora") && ftplan::has_field(job_json["lora"], "alpha");
     if (!plan->contains("job")) plan.reset();  // a job file: nothing predicted to carry along
   } else {
     if (!f.has("--model")) ftplan::fail_input("--model: required without a plan or job file");
     setup.device = "cpu";
   }
-  f.apply_job(setup, alpha_in_file);
+  f.apply_job(setup);
   // A plan for hwdb's "cpu" pseudo device runs on the CPU unless --device says otherwise.
   const std::string device = f.has("--device") ? *f.get_text("--device") : (setup.gpu == "cpu" ? std::string("cpu") : setup.device);
   ftexec::ExecJob job = ftexec::make_exec_job(setup, device);
@@ -120,6 +120,9 @@ int run_run(const RunOptions& o) {
   job.threads = f.get_int("--threads").value_or(job.threads);
   job.max_grad_norm = f.get_number("--max-grad-norm").value_or(job.max_grad_norm);
   job.weight_decay = f.get_number("--weight-decay").value_or(job.weight_decay);
+  job.adam_beta1 = f.get_number("--adam-beta1").value_or(job.adam_beta1);
+  job.adam_beta2 = f.get_number("--adam-beta2").value_or(job.adam_beta2);
+  job.adam_eps = f.get_number("--adam-eps").value_or(job.adam_eps);
   job.cpu_memory_limit_bytes = static_cast<int64_t>(f.get_number("--cpu-memory-limit-gib").value_or(0) * double(1ll << 30));
   job.save_dir = o.save;
   job.load_weights = o.load_weights;

@@ -26,11 +26,40 @@ namespace fs = std::filesystem;
 
 // ---- AdamW -------------------------------------------------------------------------------------
 
-AdamW::AdamW(std::vector<at::Tensor> params, AdamWOptions options, bool fp32_master) : options_(options) {
+bool hf_decays(const std::string& name) {
+  auto ends_with = [&](const char* suffix) {
+    const std::string s(suffix);
+    return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
+  };
+  if (name.find("bias") != std::string::npos) return false;
+  if (name.find("layernorm") != std::string::npos || name.find("rmsnorm") != std::string::npos) return false;
+  return !ends_with("norm.weight");  // model.norm.weight: a LlamaRMSNorm
+}
+
+DecayRanges decay_ranges_of(const std::string& name, int64_t numel) {
+  return hf_decays(name) ? DecayRanges{{0, numel}} : DecayRanges{};
+}
+
+std::vector<DecayRanges> hf_decay_groups(const std::vector<std::string>& names, const std::vector<at::Tensor>& tensors) {
+  std::vector<DecayRanges> out;
+  for (size_t i = 0; i < tensors.size(); ++i) out.push_back(decay_ranges_of(names.at(i), tensors[i].numel()));
+  return out;
+}
+
+AdamW::AdamW(std::vector<at::Tensor> params, AdamWOptions options, bool fp32_master, std::vector<DecayRanges> decay)
+    : options_(options) {
   at::NoGradGuard no_grad;
-  for (auto& p : params) {
+  if (!decay.empty() && decay.size() != params.size())
+    throw std::logic_error("AdamW: decay ranges for " + std::to_string(decay.size()) + " of " +
+                           std::to_string(params.size()) + " parameters");
+  for (size_t i = 0; i < params.size(); ++i) {
+    auto& p = params[i];
     Slot s;
     s.param = p;
+    if (!decay.empty()) {
+      s.decay = decay[i];
+      s.decay_all = s.decay.size() == 1 && s.decay[0].first == 0 && s.decay[0].second == p.numel();
+    }
     if (fp32_master && p.scalar_type() != at::kFloat) s.master = p.detach().to(at::kFloat);
     const at::Tensor& ref = s.master.defined() ? s.master : p;
     s.m = at::zeros_like(ref);
@@ -50,7 +79,14 @@ void AdamW::step() {
     if (!grad.defined()) continue;
     at::Tensor p = s.master.defined() ? s.master : s.param;
     const at::Tensor g = s.master.defined() ? grad.to(at::kFloat) : grad;
-    if (o.weight_decay != 0.0) p.mul_(1.0 - o.lr * o.weight_decay);
+    if (o.weight_decay != 0.0) {
+      if (s.decay_all) {
+        p.mul_(1.0 - o.lr * o.weight_decay);
+      } else {
+        at::Tensor flat = p.view({-1});
+        for (const auto& [offset, count] : s.decay) flat.narrow(0, offset, count).mul_(1.0 - o.lr * o.weight_decay);
+      }
+    }
     s.m.mul_(o.beta1).add_(g, 1.0 - o.beta1);
     s.v.mul_(o.beta2).addcmul_(g, g, 1.0 - o.beta2);
     const at::Tensor denom = (s.v.sqrt() / std::sqrt(bc2)).add_(o.eps);
@@ -80,6 +116,16 @@ std::vector<std::pair<std::string, at::Tensor>> AdamW::named_state() const {
 
 // ---- Trainer -----------------------------------------------------------------------------------
 
+std::vector<std::string> trainable_names(LlamaModel& model, ftplan::Method method) {
+  std::vector<std::string> names;
+  const bool full = method == ftplan::Method::full;
+  if (full)
+    for (auto& [name, p] : llama_named_parameters(model)) names.push_back(name);
+  else
+    for (auto& [name, p] : lora_named_parameters(model)) names.push_back(name);
+  return names;
+}
+
 std::vector<at::Tensor> set_trainable(LlamaModel& model, ftplan::Method method) {
   std::vector<at::Tensor> trainable;
   const bool full = method == ftplan::Method::full;
@@ -108,7 +154,8 @@ Trainer::Trainer(LlamaModel& model, ftplan::Method method, ftplan::Precision pre
                  int64_t grad_accum, double max_grad_norm)
     : model_(model),
       trainable_(set_trainable(model, method)),
-      optimizer_(trainable_, adamw, precision == ftplan::Precision::mixed),
+      optimizer_(trainable_, adamw, precision == ftplan::Precision::mixed,
+                 hf_decay_groups(trainable_names(model, method), trainable_)),
       grad_accum_(grad_accum),
       max_grad_norm_(max_grad_norm) {}
 
@@ -236,7 +283,7 @@ nlohmann::json run_job(const ExecJob& job) {
     if (!job.load_weights.empty()) llama_load_weights(model, job.load_weights);
     if (s.method == ftplan::Method::qlora) llama_quantize_nf4(model);
     if (s.method != ftplan::Method::full) lora_attach(model, s.lora, static_cast<uint64_t>(s.seed));
-    Trainer trainer(model, s.method, s.precision, AdamWOptions{s.learning_rate, 0.9, 0.999, 1e-8, job.weight_decay},
+    Trainer trainer(model, s.method, s.precision, AdamWOptions{s.learning_rate, job.adam_beta1, job.adam_beta2, job.adam_eps, job.weight_decay},
                     s.grad_accum, job.max_grad_norm);
     auto data = open_data_source(s.data, job.model.vocab_size, static_cast<uint64_t>(s.seed));
     auto next = [&] { return data->next(micro_batch, s.seq_len); };
@@ -325,6 +372,7 @@ nlohmann::json run_job(const ExecJob& job) {
                         {"device", job.device},
                         {"torch_version", compat::torch_version()},
                         {"job", ftplan::training_setup_to_json(s)},
+          {"settings", exec_settings_json(job)},
                         {"candidate", candidate},
                         {"steps", s.steps},
                         {"warmup_steps", job.warmup_steps},

@@ -9,6 +9,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -21,17 +23,32 @@ namespace ftexec {
 
 struct AdamWOptions {
   double lr = 1e-4;           // e.g. 2e-4 for LoRA
-  double beta1 = 0.9;
-  double beta2 = 0.999;
-  double eps = 1e-8;
-  double weight_decay = 0.0;  // decoupled (Loshchilov & Hutter 2019)
+  double beta1 = 0.9;         // --adam-beta1, HF TrainingArguments' default 0.9
+  double beta2 = 0.999;       // --adam-beta2, 0.999
+  double eps = 1e-8;          // --adam-eps, 1e-8
+  double weight_decay = 0.0;  // decoupled (Loshchilov & Hutter 2019), on the parameters hf_decays names
 };
+
+// Hugging Face Trainer's parameter groups: weight decay applies to every parameter except biases
+// and normalisation weights (Trainer.get_decay_parameter_names: get_parameter_names(model,
+// ALL_LAYERNORM_LAYERS, ["bias", "layernorm", "rmsnorm"]); LlamaRMSNorm is in ALL_LAYERNORM_LAYERS).
+// Names as ftexec (and Hugging Face / PEFT) name them: "model.layers.3.input_layernorm.weight",
+// "model.norm.weight", "...q_proj.bias", "...lora_A.weight".
+bool hf_decays(const std::string& name);
+
+// The elements of one (flattened) parameter that weight decay applies to: [offset, offset + count)
+// ranges. A tensor of one name is all or nothing; a shard of a flat buffer holding several tensors
+// gets the decayed tensors' ranges inside it.
+using DecayRanges = std::vector<std::pair<int64_t, int64_t>>;
+// All of `numel` when hf_decays(name), else none.
+DecayRanges decay_ranges_of(const std::string& name, int64_t numel);
 
 // AdamW (Loshchilov & Hutter 2019, Algorithm 2) over a list of parameters, with optional fp32
 // master copies for bf16 parameters (mixed precision).
 class AdamW {
  public:
-  AdamW(std::vector<at::Tensor> params, AdamWOptions options, bool fp32_master);
+  // `decay`: per parameter, the elements weight decay applies to; empty: all of every parameter.
+  AdamW(std::vector<at::Tensor> params, AdamWOptions options, bool fp32_master, std::vector<DecayRanges> decay = {});
   void step();
   int64_t state_bytes() const;  // moments + master copies
   AdamWOptions& options() { return options_; }
@@ -44,6 +61,8 @@ class AdamW {
  private:
   struct Slot {
     at::Tensor param, master, m, v;  // master undefined without fp32 masters
+    bool decay_all = true;
+    DecayRanges decay;               // when !decay_all: the element ranges decayed
   };
   std::vector<Slot> slots_;
   AdamWOptions options_;
@@ -53,6 +72,10 @@ class AdamW {
 // Which tensors train: all base parameters (full) or only the adapters (LoRA); the others get
 // requires_grad false.
 std::vector<at::Tensor> set_trainable(LlamaModel& model, ftplan::Method method);
+// Their names, in the same order.
+std::vector<std::string> trainable_names(LlamaModel& model, ftplan::Method method);
+// HF Trainer's groups for these named tensors (decay_ranges_of each).
+std::vector<DecayRanges> hf_decay_groups(const std::vector<std::string>& names, const std::vector<at::Tensor>& tensors);
 
 // Turns a token batch into int64 tensors on the device.
 std::pair<at::Tensor, at::Tensor> batch_tensors(const TokenBatch& batch, const at::Device& device);

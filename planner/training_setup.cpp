@@ -126,9 +126,6 @@ TrainingSetup training_setup_from_json(const nlohmann::json& j, const std::strin
   TrainingSetup s;
   apply_job_object(s, j, "", where);
   if (!has_field(j, "model")) fail_input(where + ": model: missing");
-  // PEFT scales the update by alpha / r: without an alpha, 2r (scaling 2).
-  const bool alpha_given = has_field(j, "lora") && has_field(j.at("lora"), "alpha");
-  if (!alpha_given) s.lora.alpha = 2.0 * s.lora.rank;
   if (has_field(j, "dataset") && s.dataset.rows == 0 && s.dataset.tokens == 0)
     fail_input(where + ": dataset: give rows or tokens");
   return s;

@@ -64,7 +64,8 @@ Strategy parse_strategy(const std::string& s, const std::string& field);
 
 struct LoraSpec {
   int64_t rank = 16;                                     // r, e.g. 16
-  double alpha = 32;                                     // scaling = alpha / rank
+  double alpha = 8;                                      // scaling = alpha / rank; PEFT's LoraConfig default
+                                                         // lora_alpha=8 whatever the rank (peft tuners/lora/config.py)
   double dropout = 0.0;                                  // PEFT's default
   std::vector<std::string> targets{"q_proj", "v_proj"};  // PEFT's default for Llama; or all seven
 };

@@ -89,6 +89,23 @@ void pack_grads(const FlatGroup& g, const at::Tensor& grads) {
   }
 }
 
+DecayRanges shard_decay_ranges(const FlatGroup& g, int rank) {
+  DecayRanges out;
+  const int64_t lo = int64_t(rank) * g.shard, hi = lo + g.shard;
+  for (size_t i = 0; i < g.tensors.size(); ++i) {
+    if (!hf_decays(g.tensors[i].name)) continue;
+    const int64_t begin = std::max(lo, g.offsets[i]), end = std::min(hi, g.offsets[i] + g.tensors[i].slot->numel());
+    if (begin < end) out.emplace_back(begin - lo, end - begin);
+  }
+  return out;
+}
+
+std::vector<DecayRanges> unit_decay_groups(const std::vector<UnitTensor>& tensors) {
+  std::vector<DecayRanges> out;
+  for (const auto& t : tensors) out.push_back(decay_ranges_of(t.name, t.slot->numel()));
+  return out;
+}
+
 at::Tensor shard_param(const at::Tensor& owner_slice, const at::Tensor& grad) {
   at::Tensor p = bind_storage(owner_slice, 0, owner_slice.sizes());
   p.set_requires_grad(true);

@@ -48,7 +48,8 @@ class Ddp final : public DistStrategy {
  public:
   Ddp(LlamaModel& m, Comm& comm, const StrategyOptions& o)
       : m_(m), comm_(comm), o_(o), trainable_(set_trainable(m, o.method)),
-        adam_(trainable_, o.adamw, o.precision == ftplan::Precision::mixed) {
+        adam_(trainable_, o.adamw, o.precision == ftplan::Precision::mixed,
+              hf_decay_groups(trainable_names(m, o.method), trainable_)) {
     // Buckets in reverse parameter order (roughly the order backward produces gradients).
     int64_t cap = o.ddp_first_bucket_bytes;
     slot_of_.resize(trainable_.size());
@@ -207,7 +208,9 @@ class Zero final : public DistStrategy {
     // ZeRO-1 with one bucket for everything reads its gradient shards straight from the bucket.
     int64_t cursor = 0;
     std::vector<at::Tensor> shard_params;
+    std::vector<DecayRanges> decay;
     for (auto& g : groups_) {
+      decay.push_back(shard_decay_ranges(g, r));
       at::Tensor shard_grad;
       if (offload_) {
         HostMemoryScope host;
@@ -232,7 +235,7 @@ class Zero final : public DistStrategy {
     slot_offset_.assign(groups_.size(), -1);
     {
       HostMemoryScope host(offload_);
-      adam_ = std::make_unique<AdamW>(shard_params, o.adamw, o.precision == ftplan::Precision::mixed);
+      adam_ = std::make_unique<AdamW>(shard_params, o.adamw, o.precision == ftplan::Precision::mixed, decay);
     }
     if (stage2_) {
       ready_.assign(groups_.size(), 0);

@@ -58,6 +58,7 @@ class Pipeline final : public DistStrategy {
     for (int64_t s = 0; s < k_; ++s) upstream_trains_ = upstream_trains_ || stage_trains[s];
     downstream_sends_grad_ = upstream_trains_ || stage_trains[k_];  // does stage k+1's input need grad?
     // Keep this stage's units; drop the others.
+    std::vector<DecayRanges> decay;
     for (size_t ui = 0; ui < units.size(); ++ui) {
       for (auto& t : units[ui]) {
         if (stage_of_unit(ui) != k_) {
@@ -65,14 +66,17 @@ class Pipeline final : public DistStrategy {
           continue;
         }
         owned_.push_back(*t.slot);
-        if (t.slot->requires_grad()) trainable_.push_back(*t.slot);
+        if (t.slot->requires_grad()) {
+          trainable_.push_back(*t.slot);
+          decay.push_back(decay_ranges_of(t.name, t.slot->numel()));
+        }
       }
     }
     // QLoRA: the NF4 weights of the other stages' blocks go too.
     for (int64_t l = 0; l < L; ++l)
       if (l < first_layer_ || l >= last_layer_)
         for (const auto& shape : ftplan::block_linears(m.spec)) block_linear(m.layers[l], shape.name).nf4.reset();
-    adam_ = std::make_unique<AdamW>(trainable_, o.adamw, o.precision == ftplan::Precision::mixed);
+    adam_ = std::make_unique<AdamW>(trainable_, o.adamw, o.precision == ftplan::Precision::mixed, decay);
   }
 
   int64_t data_parallel_size() const override { return 1; }

@@ -63,6 +63,7 @@ class Sharded final : public DistStrategy {
     set_trainable(m, o.method);
     at::NoGradGuard no_grad;
     std::vector<at::Tensor> shard_params;
+    std::vector<DecayRanges> decay;
     for (auto& tensors : model_units(m, /*with_nf4=*/true)) {
       Unit u;
       std::vector<UnitTensor> train;
@@ -92,13 +93,14 @@ class Sharded final : public DistStrategy {
         // Offloaded: the gradient shard accumulates in fp32 on the host (DeepSpeed's CPU Adam reads fp32).
         u.grad_shard = at::zeros({train_group.shard}, train_shard.options().dtype(offload_ ? at::kFloat : train_shard.scalar_type()));
         shard_params.push_back(shard_param(train_shard, u.grad_shard));
+        decay.push_back(shard_decay_ranges(train_group, pos_));
         grad_shards_.push_back(u.grad_shard);
       }
       units_.push_back(std::move(u));
     }
     {
       HostMemoryScope host(offload_);
-      adam_ = std::make_unique<AdamW>(shard_params, o.adamw, o.precision == ftplan::Precision::mixed);
+      adam_ = std::make_unique<AdamW>(shard_params, o.adamw, o.precision == ftplan::Precision::mixed, decay);
     }
     for (size_t ui = 0; ui < units_.size(); ++ui)
       for (const auto& t : units_[ui].train().tensors)

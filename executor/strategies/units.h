@@ -11,6 +11,7 @@
 #include "executor/comm.h"
 #include "executor/llama_model.h"
 #include "executor/strategy.h"
+#include "executor/trainer.h"
 
 namespace ftexec::strategies {
 
@@ -49,6 +50,13 @@ struct FlatGroup {
 
 // Packs `tensors` (all of one dtype) into a FlatGroup and rebinds their fields; requires_grad kept.
 FlatGroup flat_group(const std::vector<UnitTensor>& tensors, int world);
+
+// The elements of rank `rank`'s shard that weight decay applies to (HF Trainer's groups: the decayed
+// tensors' ranges inside the shard, shard-local).
+DecayRanges shard_decay_ranges(const FlatGroup& group, int rank);
+
+// The decay ranges of whole named tensors (HF Trainer's groups).
+std::vector<DecayRanges> unit_decay_groups(const std::vector<UnitTensor>& tensors);
 
 // Points every parameter's .grad at the matching slice of `grads` ([padded], zeroed by the caller).
 void bind_grads(const FlatGroup& group, const at::Tensor& grads);

@@ -131,6 +131,45 @@ TEST_CASE("every strategy reproduces the single-process loss trajectory", "[dist
   CHECK(max_rel_diff(a, b) < 1e-5);
 }
 
+TEST_CASE("weight decay skips biases and norms inside flat shards as the single process does", "[dist][decay]") {
+  // ZeRO, FSDP and the pipelines keep parameters in flat buffers whose shards cut across tensors: the
+  // decayed ranges must follow the tensors (HF Trainer's groups: no decay on biases and norm weights).
+  auto [strategy, nproc, accum, extra] = GENERATE(table<std::string, int, int, std::string>({
+      {"ddp", 2, 1, ""},
+      {"zero1", 4, 1, ""},
+      {"zero2", 2, 2, "--zero-bucket-elements 50000"},
+      {"zero3", 4, 1, ""},
+      {"fsdp", 4, 1, ""},
+      {"fsdp_hybrid", 4, 1, "--shard-group-size 2"},
+      {"zero2_offload", 2, 1, ""},
+      {"zero3_offload", 4, 1, ""},
+      {"pipeline_1f1b", 2, 2, ""},
+      // LoRA's B starts at zero and A is small: a stronger decay to move the loss as visibly
+      {"zero3", 2, 1, "--method lora --lora-rank 4 --lora-targets all-linear --weight-decay 10"},
+  }));
+  CAPTURE(strategy, nproc, accum, extra);
+  const bool pipelined = strategy == "pipeline" || strategy == "pipeline_1f1b";
+  const double decay = extra.find("--weight-decay 10") != std::string::npos ? 10.0 : 5.0;
+  const int ref_accum = pipelined ? accum : accum * nproc;
+  // A decay large enough to move the loss visibly: decaying norms too would differ by far more than 1e-5.
+  const std::string opt = " --lr 3e-3 --adam-beta2 0.95 --adam-eps 1e-6" +
+                          std::string(decay == 5.0 ? " --weight-decay 5" : "");
+  const auto ref = measured(tiny_job(32, 2, ref_accum, 4) + opt + " " + extra);
+  std::string no_decay = extra;
+  if (const auto at = no_decay.find(" --weight-decay"); at != std::string::npos) no_decay.erase(at);
+  const auto plain = measured(tiny_job(32, 2, ref_accum, 4) + " --lr 3e-3 --adam-beta2 0.95 --adam-eps 1e-6 " + no_decay);
+  const auto dist = measured(tiny_job(32, 2, accum, 4) + opt + " " + extra + " --strategy " + strategy + " --nproc " +
+                             std::to_string(nproc));
+  const auto a = losses(dist), b = losses(ref);
+  CAPTURE(a, b);
+  // The decay changes the trajectory by more than the strategies differ from one another.
+  const double moved = max_rel_diff(b, losses(plain));
+  CHECK(moved > (decay == 5.0 ? 1e-4 : 3e-5));
+  CHECK(max_rel_diff(a, b) < std::min(1e-5, moved / 10));
+  CHECK(dist["settings"]["weight_decay"] == decay);
+  CHECK(dist["settings"]["adam_beta2"] == 0.95);
+}
+
 TEST_CASE("per-rank memory orders as the planner says and is within 10% of it", "[dist][memory]") {
   // Full fine-tuning, fp32, seq 32 x micro-batch 2: model states (16 B per parameter, 1.98 MB) and
   // the communication buffers dominate the activations.

@@ -325,6 +325,18 @@ TEST_CASE("ftexec matches the independent PyTorch reference: logits, loss, gradi
     std::sort(ref_names.begin(), ref_names.end());
     std::sort(names.begin(), names.end());
     REQUIRE(ref_names == names);  // the same trainable set (full: every base tensor; LoRA: adapters)
+    // Hugging Face Trainer's parameter groups: the reference's own get_decay_parameter_names
+    // (RMSNorm modules, "bias"/"layernorm"/"rmsnorm" in the name) names the same decayed tensors as
+    // ftexec's hf_decays, and full fine-tuning leaves the norms (and biases) undecayed.
+    std::vector<std::string> decayed;
+    for (const auto& n : names)
+      if (hf_decays(n)) decayed.push_back(n);
+    CHECK(ref_json.at("decayed").get<std::vector<std::string>>() == decayed);
+    if (c.method == ftplan::Method::full) {
+      CHECK(decayed.size() < names.size());
+      for (const auto& n : names)
+        if (n.find("norm.weight") != std::string::npos || n.find("bias") != std::string::npos) CHECK_FALSE(hf_decays(n));
+    }
     const double ref_norm = ref_json.at("grad_norm").get<double>();
     const double clip = std::min(1.0, kMaxGradNorm / (ref_norm + 1e-6));  // clip_grad_norm_'s factor
     double d_grad = 0, d_param = 0, d_given = 0, d_own = 0, e_grad_ftexec = 0, e_grad_ref = 0;

@@ -438,13 +438,31 @@ def trainable_parameters(model, lora_named):
 # ----------------------------------------------------------------------------------------------
 # compare: one case of the C++ test.
 
-def adamw_step(params, case):
-    """clip_grad_norm_ (when max_grad_norm > 0), then one torch.optim.AdamW step."""
+def hf_decay_parameter_names(model, names):
+    """Hugging Face Trainer.get_decay_parameter_names: get_parameter_names(model, ALL_LAYERNORM_LAYERS,
+    ["bias", "layernorm", "rmsnorm"]) -- every parameter except those of normalisation modules and
+    those whose name holds one of the forbidden words (transformers trainer.py and
+    trainer_pt_utils.get_parameter_names). Adapters (PEFT names) are decayed."""
+    in_norms = set()
+    for module_name, module in model.named_modules():
+        if isinstance(module, RMSNorm):
+            for param_name, _ in module.named_parameters(recurse=False):
+                in_norms.add(f"{module_name}.{param_name}" if module_name else param_name)
+    forbidden = ("bias", "layernorm", "rmsnorm")
+    return {n for n in names if n not in in_norms and not any(f in n.lower() for f in forbidden)}
+
+
+def adamw_step(named_params, decayed, case):
+    """clip_grad_norm_ (when max_grad_norm > 0), then one torch.optim.AdamW step over Hugging Face
+    Trainer's two parameter groups: weight decay on `decayed`, none on the rest."""
+    params = [p for _, p in named_params]
     if case.get("max_grad_norm", 0.0) > 0:
         torch.nn.utils.clip_grad_norm_(params, case["max_grad_norm"])
     a = case["adamw"]
-    torch.optim.AdamW(params, lr=a["lr"], betas=(a["beta1"], a["beta2"]), eps=a["eps"],
-                      weight_decay=a["weight_decay"]).step()
+    groups = [{"params": [p for n, p in named_params if n in decayed], "weight_decay": a["weight_decay"]},
+              {"params": [p for n, p in named_params if n not in decayed], "weight_decay": 0.0}]
+    torch.optim.AdamW([g for g in groups if g["params"]], lr=a["lr"], betas=(a["beta1"], a["beta2"]),
+                      eps=a["eps"]).step()
 
 
 def forward_backward(model, trainable, input_ids, labels, labels_shifted):
@@ -500,7 +518,8 @@ def run_case(case_dir):
     before = {n: p.detach().clone() for n, p in trainable.items()}
     logits, loss, grads = forward_backward(model, trainable, input_ids, labels, shifted)
     grad_norm = torch.norm(torch.stack([g.norm(2) for g in grads.values()]), 2).item()
-    adamw_step(list(trainable.values()), case)
+    decayed = hf_decay_parameter_names(model, trainable)
+    adamw_step(list(trainable.items()), decayed, case)
     out = {"logits": logits.float()}
     out.update({f"grad.{n}": g for n, g in grads.items()})
     out.update({f"after.{n}": p.detach().clone() for n, p in trainable.items()})
@@ -516,13 +535,14 @@ def run_case(case_dir):
         for n, value in before.items():
             p = value.clone().requires_grad_(True)
             p.grad = given[n].to(p.dtype)
-            params.append(p)
-        adamw_step(params, case)
-        out.update({f"after_given.{n}": p.detach() for n, p in zip(before, params)})
+            params.append((n, p))
+        adamw_step(params, decayed, case)
+        out.update({f"after_given.{n}": p.detach() for n, p in params})
 
     safetensors_save(path("out"), out)
     with open(path("out_json"), "w") as f:
-        json.dump({"loss": loss, "loss64": loss64, "grad_norm": grad_norm, "trainable": list(trainable)}, f, indent=1)
+        json.dump({"loss": loss, "loss64": loss64, "grad_norm": grad_norm, "trainable": list(trainable),
+                   "decayed": sorted(decayed)}, f, indent=1)
 
 
 # ----------------------------------------------------------------------------------------------
