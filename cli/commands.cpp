@@ -49,6 +49,10 @@ void add_commands(CLI::App& app, Commands& c) {
   compare->add_flag("--force", c.compare.force, "Compare even when the run differs from the planned job");
   compare->add_option("--framework", c.compare.framework,
                       "Predict for this framework profile (default: the run's own, e.g. ftexec; else the plan's)");
+
+  auto* gpus = app.add_subcommand("gpus", "The GPU catalogue (hwdb/): memory, dense peaks, NVLink domain, host memory, "
+                                          "dated rental price");
+  gpus->add_flag("--json", c.gpus.json, "Print JSON");
 }
 
 int run_selected(CLI::App& app, const Commands& c) {
@@ -59,6 +63,7 @@ int run_selected(CLI::App& app, const Commands& c) {
   if (app.got_subcommand("simulate")) return run_simulate(c.simulate);
   if (app.got_subcommand("compare")) return run_compare(c.compare);
   if (app.got_subcommand("validate")) return run_validate(c.validate);
+  if (app.got_subcommand("gpus")) return run_gpus(c.gpus);
   return 2;
 }
 

@@ -59,6 +59,10 @@ struct ValidateOptions {
   bool json = false;
 };
 
+struct GpusOptions {
+  bool json = false;
+};
+
 struct Commands {
   MemoryOptions memory;
   PlanOptions plan;
@@ -67,6 +71,7 @@ struct Commands {
   SimulateOptions simulate;
   CompareOptions compare;
   ValidateOptions validate;
+  GpusOptions gpus;
 };
 
 void add_commands(CLI::App& app, Commands& commands);
@@ -79,6 +84,7 @@ int run_sweep(const SweepOptions& options);
 int run_simulate(const SimulateOptions& options);
 int run_compare(const CompareOptions& options);
 int run_validate(const ValidateOptions& options);
+int run_gpus(const GpusOptions& options);
 
 // ftplan plan --simulate: re-rank the finalists by their simulated step time.
 void rerank_with_simulator(const LoadedJob& job, PlanResult& plan);

@@ -1,6 +1,7 @@
 // ftplan: size, time, price and choose a distributed fine-tuning plan before renting GPUs.
 // Thin layer: each subcommand binds an options struct and calls the planner library.
 #include <iostream>
+#include <string>
 
 #include <CLI/CLI.hpp>
 
@@ -10,6 +11,7 @@
 int main(int argc, char** argv) {
   CLI::App app{"ftplan: memory, time, cost and strategy for fine-tuning LLMs on GPUs"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("ftplan ") + FTPLAN_VERSION);  // project(ftplan VERSION ...)
   ftplan::cli::Commands commands;
   ftplan::cli::add_commands(app, commands);
   try {
@@ -18,6 +20,8 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     std::cerr << "ftplan: error: " << e.what() << "\n";

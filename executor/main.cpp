@@ -194,6 +194,7 @@ int run_run(const RunOptions& o) {
 int main(int argc, char** argv) {
   CLI::App app{"ftexec: run a fine-tuning plan with LibTorch on one device or several ranks and measure it"};
   app.require_subcommand(1);
+  app.add_flag_callback("--version", [] { std::cout << "ftexec " FTPLAN_VERSION "\n"; std::exit(0); }, "Print the version and exit");
   RunOptions options;
   setup_run(app, options);
   // A rank of a distributed run leaves through _Exit on failure: c10d's destructors could wait on a

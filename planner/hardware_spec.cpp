@@ -21,16 +21,25 @@ constexpr int64_t kTiB = INT64_C(1) << 40;
 constexpr double kMaxFlops = 1e17;                 // 100 PFLOP/s per device
 constexpr double kMaxBandwidthBytesPerS = 1e14;    // 100 TB/s
 constexpr int64_t kMaxGpusPerNode = 1024;
+constexpr int64_t kMaxNvlinkDomain = 1024;         // NVL72 today; NVL576 announced
+
+// "YYYY-MM", a month from 2000-01 to 2099-12: when a rental price was read.
+bool is_year_month(const std::string& s) {
+  if (s.size() != 7 || s[4] != '-') return false;
+  for (size_t i : {0u, 1u, 2u, 3u, 5u, 6u})
+    if (s[i] < '0' || s[i] > '9') return false;
+  const int year = std::stoi(s.substr(0, 4)), month = std::stoi(s.substr(5, 2));
+  return year >= 2000 && year <= 2099 && month >= 1 && month <= 12;
+}
 
 // The figures that must each have an entry in "sources" (and "topology" when the file has one).
 constexpr const char* kSourcedFigures[] = {
-    "memory_bytes",           "peak_flops_fp32",
-    "peak_flops_tf32",        "peak_flops_bf16",
-    "peak_flops_fp8",         "hbm_bandwidth_bytes_per_s",
-    "intra_node_link",        "gpus_per_node",
-    "inter_node_bandwidth_bytes_per_s", "pcie_host_bandwidth_bytes_per_s", "host_memory_bytes_per_node",
-    "price_usd_per_gpu_hour", "matmul_efficiency",
-    "comm_latency_s",         "framework_overhead_bytes"};
+    "memory_bytes",           "peak_flops_fp32",         "peak_flops_tf32",
+    "peak_flops_bf16",        "peak_flops_fp8",          "hbm_bandwidth_bytes_per_s",
+    "intra_node_link",        "gpus_per_node",           "nvlink_domain_size",
+    "pcie_only",              "inter_node_bandwidth_bytes_per_s", "pcie_host_bandwidth_bytes_per_s",
+    "host_memory_bytes_per_node", "price_usd_per_gpu_hour", "price_date",
+    "matmul_efficiency",      "comm_latency_s",          "framework_overhead_bytes"};
 
 // Collects every problem of one file so that a user fixes them all in one pass (STYLE.md rule 4).
 // Each check runs a strict reader; an InputError it throws becomes one line of the final message.
@@ -170,8 +179,9 @@ HardwareSpec parse(const nlohmann::json& j, const std::string& id, const std::st
 
   problems.check([&] {
     require_known_keys(j, {"name", "kind", "memory_bytes", "peak_flops", "hbm_bandwidth_bytes_per_s",
-                           "intra_node_link", "gpus_per_node", "inter_node_bandwidth_bytes_per_s",
-                           "pcie_host_bandwidth_bytes_per_s", "host_memory_bytes_per_node", "price_usd_per_gpu_hour",
+                           "intra_node_link", "gpus_per_node", "nvlink_domain_size", "pcie_only",
+                           "inter_node_bandwidth_bytes_per_s", "pcie_host_bandwidth_bytes_per_s",
+                           "host_memory_bytes_per_node", "price_usd_per_gpu_hour", "price_date",
                            "matmul_efficiency", "comm_latency_s", "framework_overhead_bytes",
                            "topology", "sources"},
                        where);
@@ -214,6 +224,19 @@ HardwareSpec parse(const nlohmann::json& j, const std::string& id, const std::st
     hw.gpus_per_node = read_int(j, "gpus_per_node", where, 1, kMaxGpusPerNode);
     gpus_ok = true;
   });
+  bool domain_ok = false, pcie_only_ok = false;
+  problems.check([&] {
+    hw.nvlink_domain_size = read_int(j, "nvlink_domain_size", where, 1, kMaxNvlinkDomain);
+    domain_ok = true;
+  });
+  problems.check([&] {
+    hw.pcie_only = read_bool(j, "pcie_only", where);
+    pcie_only_ok = true;
+  });
+  // A card without NVLink or Infinity Fabric is its own domain.
+  if (domain_ok && pcie_only_ok && hw.pcie_only && hw.nvlink_domain_size != 1)
+    problems.add(where + ": nvlink_domain_size: " + std::to_string(hw.nvlink_domain_size) +
+                 ", but pcie_only is true (a PCIe-only card is a domain of 1)");
   problems.check([&] {
     hw.inter_node_bandwidth_bytes_per_s =
         read_number(j, "inter_node_bandwidth_bytes_per_s", where, 1e6, kMaxBandwidthBytesPerS);
@@ -224,6 +247,11 @@ HardwareSpec parse(const nlohmann::json& j, const std::string& id, const std::st
     hw.host_memory_bytes_per_node = read_int(j, "host_memory_bytes_per_node", where, INT64_C(1) << 30, INT64_C(64) << 40);
   });
   problems.check([&] { hw.price_usd_per_gpu_hour = read_number(j, "price_usd_per_gpu_hour", where, 0.0, 1000.0); });
+  problems.check([&] {
+    hw.price_date = read_string(j, "price_date", where);
+    if (!is_year_month(hw.price_date))
+      fail_input(where + ": price_date: '" + hw.price_date + "' is not YYYY-MM (the month the price was read, e.g. 2026-07)");
+  });
   // An efficiency is a fraction of peak; below 1% it is surely a percentage typed as a fraction.
   problems.check([&] { hw.matmul_efficiency = read_number(j, "matmul_efficiency", where, 0.01, 1.0); });
   problems.check([&] { hw.comm_latency_s = read_number(j, "comm_latency_s", where, 0.0, 1.0); });

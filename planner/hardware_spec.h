@@ -43,10 +43,14 @@ struct HardwareSpec {
   std::string intra_node_link;             // e.g. "nvlink3-nvswitch", "pcie4"
   double intra_node_bandwidth_bytes_per_s = 0;  // achievable per GPU, per direction
   int64_t gpus_per_node = 1;               // e.g. 8
+  int64_t nvlink_domain_size = 1;          // GPUs in one NVLink / Infinity Fabric domain: 8 (HGX), 72 (GB200 NVL72),
+                                           // 1 (PCIe-only cards)
+  bool pcie_only = false;                  // no NVLink / Infinity Fabric: GPU peers talk over PCIe (or host memory)
   double inter_node_bandwidth_bytes_per_s = 0;  // per GPU, per direction
   double pcie_host_bandwidth_bytes_per_s = 0;   // host<->device copies (offload)
   int64_t host_memory_bytes_per_node = 0;  // the node's host memory, e.g. 2 TiB for a DGX H100
-  double price_usd_per_gpu_hour = 0;       // indicative on-demand rental
+  double price_usd_per_gpu_hour = 0;       // indicative on-demand rental, e.g. 2.69
+  std::string price_date;                  // "YYYY-MM" the price was read, e.g. "2026-07"
   double matmul_efficiency = 0;            // achieved / peak bf16 for training, e.g. 0.45
   double comm_latency_s = 0;               // per collective step (alpha), e.g. 1e-5
   int64_t framework_overhead_bytes = 0;    // CUDA context + cuBLAS workspace + allocator slack

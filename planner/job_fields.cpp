@@ -126,6 +126,10 @@ const std::vector<Row>& rows() {
       number("host_memory_gib", "--host-memory-gib", 0, 1048576, true, false, "GiB",
              "Host memory per node (default: the hwdb entry's)", kJobPlan,
              [](T& s, const F& f, const J& v, const S& n) { s.host_memory_gib = field_number(f, v, n); }),
+      number("price_per_gpu_hour", "--price-per-gpu-hour", 0, 1e6, true, false, "USD per GPU-hour",
+             "Rental price per GPU-hour (default: the hwdb entry's dated on-demand price; in ftplan sweep it "
+             "applies to every GPU type)", kJobPlan,
+             [](T& s, const F& f, const J& v, const S& n) { s.price_per_gpu_hour = field_number(f, v, n); }),
       number("efficiency", "--efficiency", 1e-4, 1, false, false, "fraction of peak FLOP/s",
              "Achieved fraction of the GPU's peak (default: from hwdb)", kJobPlan,
              [](T& s, const F& f, const J& v, const S& n) { s.efficiency = field_number(f, v, n); }),

@@ -60,7 +60,11 @@ std::vector<std::string> step_assumptions(const PlanContext& ctx, const Training
                   "all-gather after the optimizer and pipeline sends are exposed");
   lines.push_back("gradient accumulation: DDP and ZeRO-1 reduce once per optimizer step, ZeRO-2/3 and FSDP every micro-batch");
   std::ostringstream price;
-  price << "price: " << format_fixed(hw.price_usd_per_gpu_hour, 2) << " USD per GPU-hour (" << hw.id << ", indicative)";
+  price << "price: " << format_fixed(gpu_hour_price_usd(hw, setup), 2) << " USD per GPU-hour";
+  if (setup.price_per_gpu_hour)
+    price << " (--price-per-gpu-hour; hwdb " << hw.id << ": " << format_fixed(hw.price_usd_per_gpu_hour, 2) << ")";
+  else
+    price << " (hwdb " << hw.id << ", indicative on-demand, read " << hw.price_date << "; --price-per-gpu-hour to use yours)";
   lines.push_back(price.str());
   const int64_t tokens = job_tokens(setup);
   if (tokens > 0)
@@ -81,7 +85,10 @@ nlohmann::json plan_report_json(const ModelSpec& model, const HardwareSpec& hw, 
   nlohmann::json j;
   j["model"] = model_json(model, params);
   j["gpu"] = {{"id", hw.id}, {"name", hw.name}, {"memory_bytes", hw.memory_bytes},
-              {"price_usd_per_gpu_hour", hw.price_usd_per_gpu_hour}};
+              {"price_usd_per_gpu_hour", gpu_hour_price_usd(hw, setup)},
+              {"price_source", setup.price_per_gpu_hour ? "--price-per-gpu-hour" : "hwdb"},
+              {"hwdb_price_usd_per_gpu_hour", hw.price_usd_per_gpu_hour},
+              {"hwdb_price_date", hw.price_date}};
   j["gpus"] = setup.num_gpus;
   j["method"] = to_string(setup.method);
   j["objective"] = to_string(plan.objective);

@@ -162,6 +162,10 @@ SearchSpace search_space(const ModelSpec& model, const HardwareSpec& hw, const T
   return space;
 }
 
+double gpu_hour_price_usd(const HardwareSpec& hw, const TrainingSetup& setup) {
+  return setup.price_per_gpu_hour.value_or(hw.price_usd_per_gpu_hour);
+}
+
 RankedCandidate evaluate_candidate(const PlanContext& ctx, const Candidate& c, Objective objective, bool explain,
                                    const StepOptions& options) {
   const TrainingSetup& setup = *ctx.memory.setup;
@@ -171,7 +175,7 @@ RankedCandidate evaluate_candidate(const PlanContext& ctx, const Candidate& c, O
   r.memory = estimate_memory(ctx.memory, c, ctx.num_gpus, explain);
   r.step = estimate_step(ctx, c, options);
   r.gpus_used = r.memory.gpus_used;
-  const double usd_per_s = r.gpus_used * hw.price_usd_per_gpu_hour / 3600.0;
+  const double usd_per_s = r.gpus_used * gpu_hour_price_usd(hw, setup) / 3600.0;
   r.cost_usd_per_million_tokens = 1e6 / r.step.tokens_per_s * usd_per_s;
   const double tokens = static_cast<double>(job_tokens(setup));
   r.has_job = tokens > 0;

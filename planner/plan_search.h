@@ -58,6 +58,10 @@ struct SearchSpace {
 // What the user fixed stays fixed; the rest is searched (micro-batches 1, 2, 4, ... 64).
 SearchSpace search_space(const ModelSpec& model, const HardwareSpec& hw, const TrainingSetup& setup);
 
+// The rental price a plan is costed at, USD per GPU-hour: the user's --price-per-gpu-hour
+// (price_per_gpu_hour; in a sweep, for every GPU type), else the hwdb entry's dated price.
+double gpu_hour_price_usd(const HardwareSpec& hw, const TrainingSetup& setup);
+
 // Evaluates one candidate (memory and step time, job time and cost): the search's inner loop.
 RankedCandidate evaluate_candidate(const PlanContext& context, const Candidate& candidate, Objective objective,
                                    bool explain = false, const StepOptions& options = {});

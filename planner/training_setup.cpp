@@ -156,6 +156,7 @@ nlohmann::json training_setup_to_json(const TrainingSetup& s) {
   j["compile"] = s.compile;
   j["packing"] = s.packing;
   if (s.host_memory_gib) j["host_memory_gib"] = *s.host_memory_gib;
+  if (s.price_per_gpu_hour) j["price_per_gpu_hour"] = *s.price_per_gpu_hour;
   if (s.micro_batch) j["micro_batch"] = *s.micro_batch;
   if (s.checkpointing) j["checkpointing"] = to_string(*s.checkpointing);
   if (s.attention) j["attention"] = to_string(*s.attention);

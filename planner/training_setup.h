@@ -110,6 +110,7 @@ struct TrainingSetup {
   bool compile = false;              // torch.compile
   bool packing = false;              // rows packed to seq_len (else each batch padded to its longest row)
   std::optional<double> host_memory_gib;  // overrides the hwdb's host memory per node
+  std::optional<double> price_per_gpu_hour;  // USD per GPU-hour, e.g. 2.1; overrides the hwdb's price
 
   // Chosen by the user, or searched by `ftplan plan` when absent.
   std::optional<int64_t> micro_batch;         // samples per GPU per micro-batch, e.g. 4

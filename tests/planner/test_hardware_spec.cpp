@@ -17,6 +17,7 @@
 namespace {
 
 constexpr int64_t kGiB = INT64_C(1) << 30;
+constexpr int64_t kMiB = INT64_C(1) << 20;
 
 nlohmann::json hwdb_json(const std::string& id) {
   return ftplan::read_json_file(ftplan::data_dir() + "/hwdb/" + id + ".json");
@@ -26,16 +27,17 @@ nlohmann::json hwdb_json(const std::string& id) {
 
 TEST_CASE("hwdb ships every GPU and the CPU pseudo device", "[hwdb]") {
   const std::vector<std::string> expected = {
-      "a100-40gb-sxm", "a100-80gb-pcie", "a100-80gb-sxm", "a10g",         "cpu",
-      "h100-96gb-hbm2e", "h100-pcie",    "h100-sxm",      "h200",         "l4",
-      "l40s",          "rtx-3090",       "rtx-4090",      "rtx-6000-ada", "rtx-a6000",
-      "v100-32gb"};
+      "a100-40gb-sxm", "a100-80gb-pcie",  "a100-80gb-sxm", "a10g",         "b200",
+      "cpu",           "gb200-nvl72",     "gh200",         "h100-96gb-hbm2e", "h100-pcie",
+      "h100-sxm",      "h20",             "h200",          "l4",           "l40s",
+      "mi300x",        "mi325x",          "rtx-3090",      "rtx-4090",     "rtx-5090",
+      "rtx-6000-ada",  "rtx-a6000",       "rtx-pro-6000-blackwell",        "v100-32gb"};
   CHECK(ftplan::list_hardware_ids() == expected);  // sorted
 }
 
 TEST_CASE("every shipped hwdb file loads and sources every figure", "[hwdb]") {
   const auto ids = ftplan::list_hardware_ids();
-  REQUIRE(ids.size() == 16);
+  REQUIRE(ids.size() == 24);
   for (const auto& id : ids) {
     CAPTURE(id);
     ftplan::HardwareSpec hw;
@@ -45,11 +47,12 @@ TEST_CASE("every shipped hwdb file loads and sources every figure", "[hwdb]") {
     CHECK(hw.kind == (id == "cpu" ? "cpu" : "gpu"));
     for (const char* figure :
          {"memory_bytes", "peak_flops_fp32", "peak_flops_tf32", "peak_flops_bf16", "peak_flops_fp8",
-          "hbm_bandwidth_bytes_per_s", "intra_node_link", "gpus_per_node", "inter_node_bandwidth_bytes_per_s",
-          "pcie_host_bandwidth_bytes_per_s", "price_usd_per_gpu_hour", "matmul_efficiency", "comm_latency_s",
-          "framework_overhead_bytes"}) {
+          "hbm_bandwidth_bytes_per_s", "intra_node_link", "gpus_per_node", "nvlink_domain_size", "pcie_only",
+          "inter_node_bandwidth_bytes_per_s", "pcie_host_bandwidth_bytes_per_s", "host_memory_bytes_per_node",
+          "price_usd_per_gpu_hour", "price_date", "matmul_efficiency", "comm_latency_s", "framework_overhead_bytes"}) {
       CAPTURE(figure);
-      CHECK(hw.sources.count(figure) == 1);
+      REQUIRE(hw.sources.count(figure) == 1);
+      CHECK_FALSE(hw.sources.at(figure).empty());
     }
     // The topology (given or derived) has one vertex per GPU of the node.
     const auto gpus = std::count_if(hw.topology.vertices.begin(), hw.topology.vertices.end(),
@@ -60,23 +63,76 @@ TEST_CASE("every shipped hwdb file loads and sources every figure", "[hwdb]") {
     CHECK(hw.framework_overhead_bytes < hw.memory_bytes);
     CHECK(hw.peak_flops_bf16 >= hw.peak_flops_fp32);
     CHECK(hw.matmul_efficiency <= 0.6);
+    // The new fields: a domain of at least one GPU, one where the card has no NVLink, a dated price.
+    CHECK(hw.nvlink_domain_size >= 1);
+    if (hw.pcie_only) CHECK(hw.nvlink_domain_size == 1);
+    CHECK(hw.price_date.size() == 7);
+    CHECK(hw.price_date >= "2025-01");
+    if (hw.kind == "gpu") {
+      CHECK(hw.price_usd_per_gpu_hour > 0);
+      CHECK(hw.host_memory_bytes_per_node >= hw.gpus_per_node * hw.memory_bytes / 2);
+      // Efficiencies and latencies are estimates, and their sources say so.
+      CHECK_THAT(hw.sources.at("matmul_efficiency"), Catch::Matchers::StartsWith("estimate"));
+      CHECK_THAT(hw.sources.at("comm_latency_s"), Catch::Matchers::StartsWith("estimate"));
+    }
+  }
+}
+
+TEST_CASE("hwdb: the NVLink / Infinity Fabric domain and the PCIe-only flag of each kind of machine", "[hwdb]") {
+  // id, NVLink domain, PCIe-only, GPUs per node; sources in each file.
+  auto [id, domain, pcie_only, gpus] = GENERATE(table<std::string, int64_t, bool, int64_t>({
+      {"h100-sxm", 8, false, 8},                 // HGX H100 board
+      {"b200", 8, false, 8},                     // HGX B200 board
+      {"gb200-nvl72", 72, false, 72},            // one NVL72 rack, modelled as the planner's node
+      {"gh200", 1, false, 1},                    // one superchip per rented node, NVLink-C2C to Grace
+      {"mi300x", 8, false, 8},                   // 8 OAM GPUs on Infinity Fabric
+      {"l40s", 1, true, 8},                      // PCIe cards
+      {"rtx-5090", 1, true, 4},
+      {"rtx-pro-6000-blackwell", 1, true, 8},
+  }));
+  CAPTURE(id);
+  const auto hw = ftplan::load_hardware(id);
+  CHECK(hw.nvlink_domain_size == domain);
+  CHECK(hw.pcie_only == pcie_only);
+  CHECK(hw.gpus_per_node == gpus);
+}
+
+TEST_CASE("hwdb: AMD entries are GPUs whose peaks name the ROCm stack", "[hwdb]") {
+  for (const char* id : {"mi300x", "mi325x"}) {
+    CAPTURE(id);
+    const auto hw = ftplan::load_hardware(id);
+    CHECK(hw.kind == "gpu");
+    for (const char* figure : {"peak_flops_bf16", "peak_flops_fp8"})
+      CHECK_THAT(hw.sources.at(figure), Catch::Matchers::Contains("ROCm"));
   }
 }
 
 TEST_CASE("hwdb figures match their datasheets", "[hwdb]") {
   using Catch::Matchers::WithinRel;
-  // id, memory_bytes, dense bf16 FLOP/s, memory bandwidth B/s, GPUs per node; source in each file.
+  // id, memory_bytes as nvidia-smi / rocm-smi reports it, dense bf16 FLOP/s, memory bandwidth B/s, GPUs per
+  // node; source in each file.
   auto [id, memory_bytes, bf16_flops, hbm_bytes_per_s, gpus] =
       GENERATE(table<std::string, int64_t, double, double, int64_t>({
-          {"a100-80gb-sxm", 80 * kGiB, 312e12, 2.039e12, 8},      // A100 datasheet
-          {"a100-40gb-sxm", 40 * kGiB, 312e12, 1.555e12, 8},      // A100 datasheet
-          {"h100-sxm", 80 * kGiB, 989e12, 3.35e12, 8},            // H100 datasheet, SXM: 1979 sparse / 2
-          {"h100-pcie", 80 * kGiB, 756e12, 2.0e12, 8},            // H100 datasheet, PCIe
-          {"h200", 143771 * (INT64_C(1) << 20), 989e12, 4.8e12, 8},  // nvidia-smi 143771 MiB
-          {"rtx-3090", 24 * kGiB, 71e12, 9.36e11, 4},             // GA102 whitepaper, FP32 accumulate
-          {"rtx-4090", 24 * kGiB, 165.2e12, 1.008e12, 4},         // Ada whitepaper, FP32 accumulate
-          {"l4", 24 * kGiB, 121e12, 3.0e11, 8},                   // L4 datasheet: 242 sparse / 2
-          {"v100-32gb", 32 * kGiB, 125e12, 9.0e11, 8},            // fp16 tensor cores; no bf16
+          {"a100-80gb-sxm", 81920 * kMiB, 312e12, 2.039e12, 8},     // nvidia-smi 81920 MiB; A100 datasheet
+          {"a100-40gb-sxm", 40960 * kMiB, 312e12, 1.555e12, 8},     // nvidia-smi 40960 MiB; A100 datasheet
+          {"h100-sxm", 81559 * kMiB, 989e12, 3.35e12, 8},           // nvidia-smi 81559 MiB; SXM: 1979 sparse / 2
+          {"h100-pcie", 81559 * kMiB, 756e12, 2.0e12, 8},           // nvidia-smi 81559 MiB; H100 datasheet, PCIe
+          {"h200", 143771 * kMiB, 989e12, 4.8e12, 8},               // nvidia-smi 143771 MiB
+          {"rtx-3090", 24576 * kMiB, 71e12, 9.36e11, 4},            // GA102 whitepaper, FP32 accumulate
+          {"rtx-4090", 24564 * kMiB, 165.2e12, 1.008e12, 4},        // Ada whitepaper, FP32 accumulate
+          {"l4", 23034 * kMiB, 121e12, 3.0e11, 8},                  // nvidia-smi 23034 MiB; L4: 242 sparse / 2
+          {"l40s", 46068 * kMiB, 362.05e12, 8.64e11, 8},            // nvidia-smi 46068 MiB; L40S datasheet
+          {"rtx-a6000", 49140 * kMiB, 154.8e12, 7.68e11, 4},        // nvidia-smi 49140 MiB
+          {"rtx-6000-ada", 49140 * kMiB, 364.2e12, 9.6e11, 4},      // nvidia-smi 49140 MiB
+          {"v100-32gb", 32768 * kMiB, 125e12, 9.0e11, 8},           // fp16 tensor cores; no bf16
+          {"b200", 183359 * kMiB, 2250e12, 7.7e12, 8},              // nvidia-smi 183359 MiB; HGX B200: 4.5 PF sparse / 2
+          {"gb200-nvl72", 189471 * kMiB, 2500e12, 8e12, 72},        // nvidia-smi 189471 MiB; NVL72: 5 PF sparse / 2
+          {"gh200", 97871 * kMiB, 989e12, 4.0e12, 1},               // nvidia-smi 97871 MiB; GH200: 96GB HBM3 4 TB/s
+          {"h20", 97871 * kMiB, 148e12, 4.0e12, 8},                 // nvidia-smi 97871 MiB; 148 TFLOPS dense
+          {"mi300x", INT64_C(206141652992), 1307.4e12, 5.3e12, 8},  // rocm-smi VRAM total; MI300X: 2614.9 sparse / 2
+          {"mi325x", 256 * kGiB - 16 * kMiB, 1307.4e12, 6.0e12, 8}, // estimate as MI300X's rocm-smi; 256 GB HBM3E
+          {"rtx-5090", 32607 * kMiB, 209.5e12, 1.792e12, 4},        // nvidia-smi 32607 MiB; FP32 accumulate, half rate
+          {"rtx-pro-6000-blackwell", 97887 * kMiB, 503.8e12, 1.792e12, 8},  // nvidia-smi 97887 MiB; 4000 AI TOPS / 8
       }));
   CAPTURE(id);
   const auto hw = ftplan::load_hardware(id);
@@ -122,6 +178,7 @@ TEST_CASE("hwdb: a file without a topology gets a star around one switch", "[hwd
 
 TEST_CASE("hwdb: bad files are rejected naming the file and the field", "[hwdb]") {
   using Catch::Matchers::Contains;
+  using Catch::Matchers::Equals;
   using Catch::Matchers::StartsWith;
   auto j = hwdb_json("h100-sxm");
   const auto load = [&] { return ftplan::hardware_spec_from_json(j, "h100-sxm"); };
@@ -195,6 +252,47 @@ TEST_CASE("hwdb: bad files are rejected naming the file and the field", "[hwdb]"
   SECTION("duplicate vertex id") {
     j["topology"]["vertices"].push_back({{"id", "gpu0"}, {"kind", "switch"}});
     CHECK_THROWS_WITH(load(), Contains("duplicate id 'gpu0'"));
+  }
+  SECTION("a wrong-typed field names the file and the key") {
+    j["pcie_only"] = "no";
+    CHECK_THROWS_WITH(load(), Equals("hwdb/h100-sxm.json: pcie_only: expected true or false, got \"no\""));
+  }
+  SECTION("a domain given as text") {
+    j["nvlink_domain_size"] = "8";
+    CHECK_THROWS_WITH(load(), StartsWith("hwdb/h100-sxm.json: nvlink_domain_size: expected"));
+  }
+  SECTION("NVLink domain out of range") {
+    j["nvlink_domain_size"] = 0;
+    CHECK_THROWS_WITH(load(), StartsWith("hwdb/h100-sxm.json: nvlink_domain_size: 0 is out of range"));
+    j["nvlink_domain_size"] = 100000;
+    CHECK_THROWS_WITH(load(), StartsWith("hwdb/h100-sxm.json: nvlink_domain_size: 100000 is out of range"));
+  }
+  SECTION("a PCIe-only card with an NVLink domain") {
+    j["pcie_only"] = true;
+    CHECK_THROWS_WITH(load(), Equals("hwdb/h100-sxm.json: nvlink_domain_size: 8, but pcie_only is true (a PCIe-only "
+                                     "card is a domain of 1)"));
+  }
+  SECTION("price date not YYYY-MM") {
+    for (const char* bad : {"2026-13", "2026-7", "July 2026", "1999-12", "2026-07-23"}) {
+      CAPTURE(bad);
+      j["price_date"] = bad;
+      CHECK_THROWS_WITH(load(), StartsWith("hwdb/h100-sxm.json: price_date: '" + std::string(bad) + "' is not YYYY-MM"));
+    }
+    j["price_date"] = 202607;
+    CHECK_THROWS_WITH(load(), StartsWith("hwdb/h100-sxm.json: price_date: expected"));
+  }
+  SECTION("new fields are required, with their sources") {
+    for (const char* key : {"nvlink_domain_size", "pcie_only", "price_date", "host_memory_bytes_per_node"}) {
+      CAPTURE(key);
+      auto k = hwdb_json("h100-sxm");
+      k.erase(key);
+      CHECK_THROWS_WITH(ftplan::hardware_spec_from_json(k, "h100-sxm"),
+                        StartsWith("hwdb/h100-sxm.json: " + std::string(key) + ": missing"));
+      auto m = hwdb_json("h100-sxm");
+      m["sources"].erase(key);
+      CHECK_THROWS_WITH(ftplan::hardware_spec_from_json(m, "h100-sxm"),
+                        Equals("hwdb/h100-sxm.json: sources: missing source for " + std::string(key)));
+    }
   }
   SECTION("every problem is reported at once") {
     j["memory_bytes"] = -5;

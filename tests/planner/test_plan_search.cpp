@@ -11,6 +11,7 @@
 #include "planner/hardware_spec.h"
 #include "planner/json_fields.h"
 #include "planner/model_spec.h"
+#include "planner/plan_report.h"
 #include "planner/plan_search.h"
 #include "planner/sweep.h"
 #include "planner/training_setup.h"
@@ -251,7 +252,7 @@ TEST_CASE("evaluate_candidate: job time is whole steps, cost is GPU-seconds x pr
   CHECK(r.has_job);
   CHECK_THAT(r.job_time_s, WithinRel(steps * r.step.step_time_s, 1e-12));
   CHECK_THAT(r.gpu_hours, WithinRel(r.job_time_s * 4 / 3600, 1e-12));
-  CHECK_THAT(r.cost_usd, WithinRel(r.job_time_s * 4 * 0.8 / 3600, 1e-12));  // hwdb: 0.8 USD per GPU-hour
+  CHECK_THAT(r.cost_usd, WithinRel(r.job_time_s * 4 * 0.74 / 3600, 1e-12));  // hwdb: 0.74 USD per GPU-hour
   CHECK(r.score == r.job_time_s);
   const auto c = ftplan::evaluate_candidate(ctx, {Strategy::ddp, micro_batch, Checkpointing::none, Attention::fused},
                                             Objective::cost);
@@ -260,7 +261,62 @@ TEST_CASE("evaluate_candidate: job time is whole steps, cost is GPU-seconds x pr
   const auto one = ftplan::evaluate_candidate(ctx, {Strategy::single, micro_batch, Checkpointing::none, Attention::fused},
                                               Objective::cost);
   CHECK(one.gpus_used == 1);
-  CHECK_THAT(one.cost_usd, WithinRel(one.job_time_s * 0.8 / 3600, 1e-12));
+  CHECK_THAT(one.cost_usd, WithinRel(one.job_time_s * 0.74 / 3600, 1e-12));
+}
+
+TEST_CASE("--price-per-gpu-hour: the cost scales exactly with the price, the time not at all", "[plan][cost]") {
+  // The TinyLlama seed job on 4x RTX 6000 Ada (hwdb: 0.74 USD per GPU-hour, RunPod 2026-07).
+  const auto setup = load_job("tinyllama-lora-4x-rtx6000ada");
+  const auto model = load_model(setup.model);
+  const auto hw = ftplan::load_hardware(setup.gpu);
+  REQUIRE(hw.price_usd_per_gpu_hour > 0);
+  const ftplan::Candidate c{Strategy::ddp, 4, Checkpointing::none, Attention::fused};
+  const auto base = ftplan::evaluate_candidate(ftplan::prepare_plan(model, hw, setup, 4), c, Objective::cost);
+  REQUIRE(base.has_job);
+  auto price = GENERATE(0.01, 0.74, 2.5, 1e6);
+  CAPTURE(price);
+  auto priced = setup;
+  priced.price_per_gpu_hour = price;
+  CHECK(ftplan::gpu_hour_price_usd(hw, priced) == price);
+  const auto r = ftplan::evaluate_candidate(ftplan::prepare_plan(model, hw, priced, 4), c, Objective::cost);
+  const double ratio = price / hw.price_usd_per_gpu_hour;
+  CHECK_THAT(r.cost_usd, WithinRel(base.cost_usd * ratio, 1e-12));
+  CHECK_THAT(r.cost_usd_per_million_tokens, WithinRel(base.cost_usd_per_million_tokens * ratio, 1e-12));
+  CHECK(r.job_time_s == base.job_time_s);
+  CHECK(r.gpu_hours == base.gpu_hours);
+  CHECK_THAT(r.cost_usd, WithinRel(r.gpu_hours * price, 1e-12));
+
+  SECTION("the assumptions and the report say where the price came from") {
+    const auto plan = ftplan::plan_job(model, hw, priced, Objective::cost);
+    const auto j = ftplan::plan_report_json(model, hw, priced, plan);
+    CHECK(j["gpu"]["price_usd_per_gpu_hour"] == price);
+    CHECK(j["gpu"]["price_source"] == "--price-per-gpu-hour");
+    CHECK(j["gpu"]["hwdb_price_usd_per_gpu_hour"] == hw.price_usd_per_gpu_hour);
+    std::string assumptions;
+    for (const auto& line : j["assumptions"]) assumptions += line.get<std::string>() + "\n";
+    CHECK_THAT(assumptions, Contains("(--price-per-gpu-hour; hwdb rtx-6000-ada: 0.74)"));
+    const auto hwdb_plan = ftplan::plan_report_json(model, hw, setup, ftplan::plan_job(model, hw, setup, Objective::cost));
+    CHECK(hwdb_plan["gpu"]["price_source"] == "hwdb");
+    std::string hwdb_assumptions;
+    for (const auto& line : hwdb_plan["assumptions"]) hwdb_assumptions += line.get<std::string>() + "\n";
+    CHECK_THAT(hwdb_assumptions, Contains("hwdb rtx-6000-ada, indicative on-demand, read " + hw.price_date));
+  }
+}
+
+TEST_CASE("--price-per-gpu-hour in a sweep prices every GPU type alike", "[plan][cost]") {
+  // Two GPU types of different hwdb prices: with the override each row costs its GPU-hours x the
+  // one price given, whatever its type's own price.
+  auto setup = load_job("tinyllama-lora-4x-rtx6000ada");
+  const auto model = load_model(setup.model);
+  setup.price_per_gpu_hour = 1.5;
+  const auto a = ftplan::load_hardware("a100-80gb-sxm"), h = ftplan::load_hardware("h100-sxm");
+  REQUIRE(a.price_usd_per_gpu_hour != h.price_usd_per_gpu_hour);
+  const auto rows = ftplan::run_sweep(model, {a, h}, {2, 4}, setup, Objective::cost, false, {});
+  REQUIRE(rows.size() >= 4);
+  for (const auto& row : rows) {
+    CAPTURE(row.gpu, row.gpus, ftplan::to_string(row.result.candidate.strategy));
+    CHECK_THAT(row.result.cost_usd, WithinRel(row.result.gpu_hours * 1.5, 1e-12));
+  }
 }
 
 TEST_CASE("objective cost prefers cheaper and fewer GPUs at equal speed", "[plan]") {
