@@ -34,6 +34,7 @@ LoadedJob load_job(const JobOptions& o) {
   LoadedJob job;
   job.model_path = resolve_data_file(s.model, "configs/models", "--model");
   job.model = load_model(s.model);
+  apply_model(s, job.model);
   job.hardware = load_hardware(s.gpu);
   validate_job(s, job.model, o.job_file);
   job.setup = s;

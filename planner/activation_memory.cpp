@@ -48,6 +48,26 @@ ActivationInputs activation_inputs(const TrainingSetup& setup, int64_t micro_bat
 // sizes give absurd (never wrapped) answers.
 int64_t saturate(double bytes) { return static_cast<int64_t>(std::min(bytes, 576460752303423488.0)); }
 
+namespace {
+
+// One RMSNorm over `width` features per token with `rows` rstd values per token: the fp32 upcast of
+// its input (compiled: the input as it arrives, `arrives` bytes), the fp32 rstd, and, when its weight
+// trains, the normalised input (fp32 where the family scales by (1 + weight) in fp32: Gemma).
+double norm_bytes(const ModelSpec& m, const ActivationInputs& in, double T, double width, double rows, double arrives) {
+  const double a = activation_bytes(in.precision);
+  return (in.compile ? arrives : 4.0) * T * width + 4.0 * T * rows +
+         (base_trains(in) ? (m.norm_scale_fp32 ? 4.0 : a) * T * width : 0.0);
+}
+
+// Whether any linear of `role` keeps the input the group shares.
+bool keeps_role_input(const ActivationInputs& in, const std::vector<LinearShape>& linears, LinearRole role) {
+  for (const auto& lin : linears)
+    if (lin.role == role && keeps_input(in, lin.name)) return true;
+  return false;
+}
+
+}  // namespace
+
 int64_t block_activation_bytes(const ModelSpec& m, const ActivationInputs& in) {
   const double a = activation_bytes(in.precision);
   const double r = in.residual_bytes;
@@ -56,35 +76,58 @@ int64_t block_activation_bytes(const ModelSpec& m, const ActivationInputs& in) {
   const double kv = in.gqa_kv_repeated ? q : m.kv_dim();
   const double scores = static_cast<double>(in.micro_batch) * m.num_heads * in.seq_len * in.seq_len;
   const double lse = 4.0 * in.micro_batch * m.num_heads * in.seq_len;
+  const std::vector<LinearShape> linears = block_linears(m);
   // torchtitan's op-level selective checkpointing: the block input, every second matmul's output
   // (q_proj, v_proj, gate_proj, down_proj in forward order), the attention kernel's output and
   // log-sum-exp; everything else is recomputed from them (LoRA adapters included).
-  if (in.selective && in.selective_every_second_matmul)
-    return saturate(r * T * h + a * T * (q + m.kv_dim() + i + h) + a * T * q + lse);
-
-  // Two RMSNorms: the fp32 upcast of the input (compiled: the input as it arrives), the fp32 rstd,
-  // and the normalised input when the norm weight trains.
-  double bytes = 2 * ((in.compile ? r : 4) * T * h + 4 * T + (base_trains(in) ? a * T * h : 0));
-  // Norm outputs, shared by the linears that read them.
-  if (keeps_input(in, "q_proj") || keeps_input(in, "k_proj") || keeps_input(in, "v_proj")) bytes += a * T * h;
-  if (keeps_input(in, "gate_proj") || keeps_input(in, "up_proj")) bytes += a * T * h;
-  // Attention.
-  if (in.attention == Attention::fused) {
-    bytes += a * T * (q + 2 * kv) + a * T * q + (in.selective ? 0 : 4 * in.micro_batch * m.num_heads * in.seq_len);
-  } else {
-    bytes += 3 * a * T * q + (in.selective ? 0 : 4 * scores + (a == 2 ? 2 * scores : 0));
+  if (in.selective && in.selective_every_second_matmul) {
+    double saved = 0;
+    for (size_t k = 0; k < linears.size(); k += 2) saved += linears[k].out_features;
+    return saturate(r * T * h + a * T * saved + a * T * q + lse);
   }
-  if (keeps_input(in, "o_proj")) bytes += a * T * q;
-  // SwiGLU: gate, SiLU(gate), up; the product feeds down_proj. Compiled: gate and up only.
+
+  // The block's RMSNorms of hidden_size (Llama: two; Gemma: four; OLMo 2: two, after each sublayer).
+  double bytes = m.block_norms() * norm_bytes(m, in, T, h, 1, r);
+  // q/k RMSNorms on the projections' outputs: per head (Qwen3, Gemma 3: an rstd per head) or over the
+  // whole projection (OLMo 2: one rstd per token).
+  if (m.qk_norm == QkNorm::per_head)
+    bytes += norm_bytes(m, in, T, q, m.num_heads, a) + norm_bytes(m, in, T, m.kv_dim(), m.num_kv_heads, a);
+  if (m.qk_norm == QkNorm::whole_projection)
+    bytes += norm_bytes(m, in, T, q, 1, a) + norm_bytes(m, in, T, m.kv_dim(), 1, a);
+  // The input each group of linears shares (the norm's output; OLMo 2: the residual stream), kept when
+  // one of them trains.
+  if (keeps_role_input(in, linears, LinearRole::attention_in)) bytes += a * T * h;
+  if (keeps_role_input(in, linears, LinearRole::mlp_in)) bytes += a * T * h;
+  // Attention. Soft-capped scores (Gemma 2) keep tanh's output under eager attention; the fused
+  // kernels cap inside. A sliding window does not shrink eager attention: transformers computes the
+  // full S x S scores and masks the window (gemma2 eager_attention_forward), so local layers keep the
+  // same tensors as global ones.
+  if (in.attention == Attention::fused) {
+    bytes += a * T * (q + 2 * kv) + a * T * q + (in.selective ? 0 : lse);
+  } else {
+    const double capped = m.attn_logit_softcapping > 0 ? a * scores : 0;
+    bytes += 3 * a * T * q + (in.selective ? 0 : 4 * scores + (a == 2 ? 2 * scores : 0) + capped);
+  }
+  // A fused qkv_proj (Phi-3): v is a view into the projection's output, so where attention saves v as
+  // it comes (not copied by repeat_kv: one kv head per query head, or a fused kernel given the kv heads)
+  // the q and k parts of that output stay alive too.
+  if (m.fused_qkv) {
+    const bool copied = m.num_kv_heads < m.num_heads && (in.attention == Attention::eager || in.gqa_kv_repeated);
+    if (!copied) bytes += a * T * (q + m.kv_dim());
+  }
+  if (keeps_role_input(in, linears, LinearRole::attention_out)) bytes += a * T * q;
+  // Gated MLP (SwiGLU or GeGLU): gate, act(gate), up; the product feeds down_proj. A fused gate_up_proj
+  // keeps the same bytes: its output (2·i, held by the gate and up views) and act(gate). Compiled:
+  // gate and up only.
   if (in.compile) {
     bytes += 2 * a * T * i;
   } else {
     bytes += 3 * a * T * i;
-    if (keeps_input(in, "down_proj")) bytes += a * T * i;
+    if (keeps_role_input(in, linears, LinearRole::mlp_out)) bytes += a * T * i;
   }
   // LoRA adapters.
   if (in.method != Method::full) {
-    for (const auto& lin : block_linears(m)) {
+    for (const auto& lin : linears) {
       if (!contains(in.lora.targets, lin.name)) continue;
       bytes += a * T * in.lora.rank;
       if (in.lora.dropout > 0.0) bytes += (a + 1) * T * lin.in_features;
@@ -97,8 +140,8 @@ int64_t head_activation_bytes(const ModelSpec& m, const ActivationInputs& in) {
   const double a = activation_bytes(in.precision);
   const double T = static_cast<double>(in.micro_batch) * in.seq_len;
   const double h = m.hidden_size;
-  double bytes = (in.compile ? in.residual_bytes : 4) * T * h + 4 * T;  // final RMSNorm
-  if (base_trains(in)) bytes += a * T * h + a * T * h;  // normalised input; lm_head input
+  double bytes = norm_bytes(m, in, T, h, 1, in.residual_bytes);  // final RMSNorm
+  if (base_trains(in)) bytes += a * T * h;                        // lm_head input
   return saturate(bytes);
 }
 
@@ -115,6 +158,11 @@ int64_t activation_bytes_for_layers(const ModelSpec& m, const ActivationInputs& 
 
 int64_t logits_loss_bytes(const ModelSpec& m, int64_t micro_batch, int64_t seq_len) {
   return saturate(12.0 * micro_batch * seq_len * m.vocab_size);
+}
+
+int64_t logit_softcap_bytes(const ModelSpec& m, int64_t micro_batch, int64_t seq_len, Precision precision) {
+  if (m.final_logit_softcapping <= 0) return 0;
+  return saturate(double(activation_bytes(precision)) * micro_batch * seq_len * m.vocab_size);
 }
 
 }  // namespace ftplan

@@ -31,6 +31,21 @@
 //               attention kernel's output and log-sum-exp, recomputing everything else
 //   QLoRA on bitsandbytes < 0.43.2: each 4-bit matmul keeps its input for backward, so o_proj's,
 //               down_proj's and the MLP norm's outputs are kept even where no adapter reads them
+// Family differences (the ModelSpec's fields, planner/model_family.h):
+//   extra RMSNorms (Gemma's post-attention and post-MLP norms, OLMo 2's post-norms) keep what the two
+//               above keep; Gemma's (1 + weight) scale runs in fp32, so a trained norm keeps an fp32 output
+//   q/k norms: the fp32 upcast of q (4·T·q_dim) and k (4·T·kv_dim), their rstd (4·T·heads per head, or
+//               4·T over the whole projection), and the normalised q and k when the weights train
+//   attention soft-capping (Gemma 2), eager: tanh's output (a·B·heads·S²) beside the softmax; fused
+//               kernels cap inside and keep nothing more
+//   sliding windows: eager attention still computes and keeps B·heads·S² scores on local layers
+//               (transformers builds the full score matrix and masks the window: gemma2
+//               eager_attention_forward), the fused kernels keep only the log-sum-exp: local and global
+//               blocks keep the same bytes (the window changes FLOPs only, compute_model.h)
+//   a fused qkv_proj (Phi-3): v is a view into its output, so where v is saved uncopied (no GQA repeat)
+//               the q and k parts stay alive: + a·T·(q_dim + kv_dim); a fused gate_up_proj keeps the
+//               same bytes as gate and up
+//   the final logit soft-cap (Gemma 2) keeps tanh's output, a·T·vocab, through the loss (logit_softcap_bytes)
 #pragma once
 
 #include <cstdint>
@@ -83,5 +98,11 @@ int64_t activation_bytes_for_layers(const ModelSpec& model, const ActivationInpu
 // gradient of the fp32 logits (4·T·V) are alive together inside log_softmax's backward = 12·T·V.
 // The logits themselves are not kept (the cast and the linear need no output for backward).
 int64_t logits_loss_bytes(const ModelSpec& model, int64_t micro_batch, int64_t seq_len);
+
+// The final logit soft-cap (logits = cap·tanh(logits/cap), Gemma2ForCausalLM.forward): tanh's output in
+// the logits' dtype (a·B·S·vocab) is kept for backward from forward through the loss. 0 without a cap.
+// Counted where the loss takes whole logits (the full loss); chunked and fused-linear losses cap chunk
+// by chunk inside their kernels.
+int64_t logit_softcap_bytes(const ModelSpec& model, int64_t micro_batch, int64_t seq_len, Precision precision);
 
 }  // namespace ftplan

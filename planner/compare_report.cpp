@@ -8,6 +8,7 @@
 #include "planner/errors.h"
 #include "planner/format.h"
 #include "planner/framework.h"
+#include "planner/job_fields.h"
 #include "planner/memory_report.h"
 #include "planner/model_spec.h"
 #include "planner/plan_report.h"
@@ -73,6 +74,7 @@ nlohmann::json plan_for_framework(const nlohmann::json& plan, const std::string&
   setup.framework = framework;
   apply_framework(setup, framework_profile(framework));
   const ModelSpec model = load_model(setup.model);
+  apply_model(setup, model);
   const HardwareSpec hw = load_hardware(setup.gpu);
   const Candidate c = candidate_from_setup(setup, setup.strategy.value_or(Strategy::single));
   const PlanContext ctx = prepare_plan(model, hw, setup, setup.num_gpus);

@@ -5,6 +5,7 @@
 namespace ftplan {
 
 FlopsPerToken flops_per_token(const ModelSpec& m, const TrainingSetup& setup) {
+  const double L = static_cast<double>(m.num_layers);
   double block_matmul = 0, lora = 0;
   for (const auto& lin : block_linears(m)) {
     block_matmul += 2.0 * lin.in_features * lin.out_features;
@@ -12,8 +13,14 @@ FlopsPerToken flops_per_token(const ModelSpec& m, const TrainingSetup& setup) {
         std::find(setup.lora.targets.begin(), setup.lora.targets.end(), lin.name) != setup.lora.targets.end())
       lora += 2.0 * setup.lora.rank * (lin.in_features + lin.out_features);
   }
-  const double L = static_cast<double>(m.num_layers);
-  const double attention = 4.0 * setup.seq_len * m.q_dim();  // QK^T and P·V, forward, one layer
+  // QK^T and P·V, forward, one layer: 4·S·q_dim; a local layer under fused attention attends over
+  // min(S, window) keys (flash-attention skips the blocks outside the window), eager attention computes
+  // the whole masked S x S. The mean over the layers.
+  const double S = static_cast<double>(setup.seq_len);
+  const bool windowed = setup.attention.value_or(Attention::fused) == Attention::fused;
+  const double local = windowed ? static_cast<double>(m.num_sliding_layers()) : 0.0;
+  const double keys = L > 0 ? ((L - local) * S + local * std::min(S, double(m.sliding_window))) / L : S;
+  const double attention = 4.0 * keys * m.q_dim();
   const double head = 2.0 * m.vocab_size * m.hidden_size;    // lm_head (tied or not)
   FlopsPerToken f;
   f.block_forward = L * (block_matmul + attention + lora);

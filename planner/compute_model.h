@@ -3,7 +3,10 @@
 // 2x forward when weights train (input and weight gradients) and 1x for frozen weights (input
 // gradients only), so full fine-tuning costs 6·N·tokens and LoRA about 4·N·tokens. Attention
 // scores add 4·S·q_dim per token per layer forward (PaLM, Chowdhery et al. 2022, app. B), and 2x
-// that in backward. Full checkpointing recomputes every block's forward once.
+// that in backward; a sliding-window layer (Mistral, Gemma 2/3, Phi-3) adds 4·min(S, window)·q_dim
+// under fused attention (flash-attention's window skips the blocks outside it) and the full 4·S·q_dim
+// under eager attention (the window is a mask). Fused projections (Phi-3's qkv_proj, gate_up_proj)
+// count the same FLOPs as the separate ones. Full checkpointing recomputes every block's forward once.
 #pragma once
 
 #include <cstdint>
@@ -19,8 +22,8 @@ struct FlopsPerToken {
   double backward = 0;
   double block_forward = 0;  // what full checkpointing recomputes (all blocks)
   double model = 0;          // forward + backward, no recompute: the MFU numerator
-  // The pieces, forward, per token: one block's matmuls, attention scores and LoRA adapters, and
-  // the lm_head. Backward per block: input gradients matmul + 2·attention + lora, weight gradients
+  // The pieces, forward, per token: one block's matmuls, attention scores (the mean over the layers
+  // where local and global layers differ) and LoRA adapters, and the lm_head. Backward per block: input gradients matmul + 2·attention + lora, weight gradients
   // matmul (when weights train) + lora.
   double block_matmul = 0, block_attention = 0, block_lora = 0, head = 0;
   bool weights_train = false;

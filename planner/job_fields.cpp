@@ -1,5 +1,6 @@
 #include "planner/job_fields.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cmath>
@@ -10,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "planner/errors.h"
+#include "planner/model_family.h"
 
 namespace ftplan {
 namespace {
@@ -79,6 +81,7 @@ const std::vector<Row>& rows() {
                fail_input(n + ": expected a list or \"all-linear\", got " + v.dump());
              }
              s.lora.targets = parse_lora_targets(list, n);
+             s.lora.all_linear = list == "all-linear" || list == "all";
            }),
       text(FieldType::choice, "precision", "--precision", "mixed|mixed-fp32-grads|amp|bf16|fp32",
            "Precision convention of weights, gradients and optimizer states (default: the framework's)", kJob,
@@ -318,8 +321,39 @@ void apply_job_field(TrainingSetup& setup, const FieldSpec& f, const nlohmann::j
   setup.given.insert(f.key);
 }
 
+void apply_model(TrainingSetup& s, const ModelSpec& model) {
+  if (s.lora.all_linear) {
+    s.lora.targets.clear();
+    for (const auto& lin : block_linears(model)) s.lora.targets.push_back(lin.name);
+  } else if (!s.given.count("lora.targets") && !model.default_lora_targets.empty()) {
+    s.lora.targets = model.default_lora_targets;
+  }
+  if (model.quantized.active()) {
+    if (s.method == Method::lora) s.method = Method::qlora;
+    if (model.quantized.method == "bitsandbytes" && model.quantized.bits == 4)
+      s.quantization.double_quant = model.quantized.double_quant;
+  }
+}
+
 void validate_job(const TrainingSetup& s, const ModelSpec& model, const std::string& where) {
   std::vector<std::string> problems;
+  if (s.method != Method::full) {
+    const std::vector<LinearShape> linears = block_linears(model);
+    std::string names;
+    for (const auto& lin : linears) names += (names.empty() ? "" : ", ") + lin.name;
+    if (!s.given.count("lora.targets") && !s.lora.all_linear && model.default_lora_targets.empty())
+      problems.push_back("--lora-targets (lora.targets): model_type " + model.model_type +
+                         " has no PEFT default target list (peft/utils/constants.py); give its modules (" + names +
+                         ") or all-linear");
+    else
+      for (const auto& t : s.lora.targets)
+        if (std::none_of(linears.begin(), linears.end(), [&](const LinearShape& l) { return l.name == t; }))
+          problems.push_back("--lora-targets (lora.targets): '" + t + "' is not a linear of a " + model.model_type +
+                             " block (" + names + ")");
+  }
+  if (s.method == Method::full && model.quantized.active())
+    problems.push_back("--method (method) full: the base is stored quantized (quantization_config: " +
+                       model.quantized.describe() + "); its weights cannot train: use lora");
   if (s.method != Method::full && s.lora.rank > model.hidden_size)
     problems.push_back("--lora-rank (lora.rank): " + std::to_string(s.lora.rank) + " exceeds hidden_size " +
                        std::to_string(model.hidden_size));
@@ -359,6 +393,16 @@ std::vector<std::string> exec_problems(const TrainingSetup& s, const ModelSpec& 
   if (s.checkpointing && *s.checkpointing == Checkpointing::selective)
     problems.push_back("--checkpointing (checkpointing) selective: ftexec checkpoints whole blocks (none or full)");
   if (s.compile) problems.push_back("--compile (compile): ftexec does not compile");
+  const ModelFamily* family = find_model_family(model.model_type);
+  if (!family || !family->executor_runs || !model.wrapper_type.empty())
+    problems.push_back("--model (model) " + (model.wrapper_type.empty() ? model.model_type : model.wrapper_type) +
+                       ": ftexec runs the Llama block (llama, mistral, qwen2)");
+  if (model.quantized.active())
+    problems.push_back("--model (model): quantization_config " + model.quantized.method +
+                       ": ftexec quantises to NF4 itself and does not load a pre-quantized checkpoint");
+  if (model.sliding_window > 0 && s.seq_len > model.sliding_window)
+    problems.push_back("--seq-len (seq_len) " + std::to_string(s.seq_len) + " exceeds the model's sliding_window (" +
+                       std::to_string(model.sliding_window) + "): ftexec attends over the whole sequence");
   if (model.max_position_embeddings > 0 && s.seq_len > model.max_position_embeddings && model.rope_scaling.type.empty())
     problems.push_back("--seq-len (seq_len) " + std::to_string(s.seq_len) + " exceeds the model's max_position_embeddings (" +
                        std::to_string(model.max_position_embeddings) + ")");

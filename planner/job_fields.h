@@ -61,6 +61,13 @@ nlohmann::json field_value_from_text(const FieldSpec& f, const std::string& text
 // Applies one job field (kInJobFile) to the setup: the one place each field lands.
 void apply_job_field(TrainingSetup& setup, const FieldSpec& f, const nlohmann::json& value, const std::string& name);
 
+// What the model decides for the job, applied once after the model is loaded (before validate_job):
+// "all-linear" becomes the model's own block linears (Phi-3: qkv_proj, o_proj, gate_up_proj, down_proj),
+// a job that names no targets gets the family's PEFT default, and LoRA on a quantized base
+// (quantization_config) is planned as QLoRA of the stored format (bitsandbytes' double quantisation as the
+// config says).
+void apply_model(TrainingSetup& setup, const ModelSpec& model);
+
 // The checks that need the whole job and its model, every problem at once in one InputError:
 // LoRA rank <= hidden size, tokens per micro-batch <= 2^32, a pipeline's stages <= layers, dataset
 // mean row length <= seq_len ... `where` prefixes the message (a file name, or "" for flags).

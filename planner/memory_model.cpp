@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "planner/activation_memory.h"
+#include "planner/errors.h"
 #include "planner/framework.h"
 #include "planner/format.h"
 #include "planner/precision.h"
@@ -43,29 +44,35 @@ struct JobUnits {
 JobUnits job_units(const ModelSpec& model, const TrainingSetup& setup, const FrameworkProfile& fw) {
   const ParamCounts p = count_params(model);
   const bool dq = setup.quantization.double_quant;
+  if (model.quantized.active() && setup.method != Method::qlora)  // never its stored weights counted as bf16
+    fail_input("--method (method) " + to_string(setup.method) + ": the base is stored quantized (" +
+               model.quantized.describe() + "): LoRA on it is planned as qlora (job_fields.h apply_model)");
   JobUnits u;
   int64_t linear_weights = 0, linear_nf4_bytes = 0;
   for (const auto& lin : block_linears(model)) {
     linear_weights += lin.in_features * lin.out_features;
-    linear_nf4_bytes += nf4_storage_bytes(lin.in_features * lin.out_features, dq);
+    // A quantised base (quantization_config) holds its linears as the checkpoint stores them.
+    linear_nf4_bytes += model.quantized.active() ? quantized_linear_bytes(model.quantized, lin.in_features, lin.out_features)
+                                                 : nf4_storage_bytes(lin.in_features * lin.out_features, dq);
     u.largest_quantized = std::max(u.largest_quantized, lin.in_features * lin.out_features);
   }
   u.layer_linear_weights = linear_weights;
+  const int64_t embedding = p.embedding + p.vision;  // a wrapper's vision tower and projector live with the embedding
   switch (setup.method) {
     case Method::full:
-      u.embedding = {p.embedding, 0, 0};
+      u.embedding = {embedding, 0, 0};
       u.layer = {p.per_layer, 0, 0};
       u.head = {p.final_norm + p.lm_head, 0, 0};
       break;
     case Method::lora:
-      u.embedding = {0, p.embedding, 0};
+      u.embedding = {0, embedding, 0};
       u.layer = {lora_params_per_layer(model, setup.lora), p.per_layer, 0};
       u.head = {0, p.final_norm + p.lm_head, 0};
       break;
     case Method::qlora: {  // the block linears in NF4 (and the head where the framework quantises it)
-      u.embedding = {0, p.embedding, 0};
+      u.embedding = {0, embedding, 0};
       u.layer = {lora_params_per_layer(model, setup.lora), p.per_layer - linear_weights, linear_weights, linear_nf4_bytes};
-      const bool q_head = fw.quantize_lm_head && p.lm_head > 0;
+      const bool q_head = fw.quantize_lm_head && p.lm_head > 0 && !model.quantized.active();
       u.head = {0, p.final_norm + (q_head ? 0 : p.lm_head), q_head ? p.lm_head : 0,
                 q_head ? nf4_storage_bytes(p.lm_head, dq) : 0};
       if (q_head) u.largest_quantized = std::max(u.largest_quantized, p.lm_head);
@@ -210,7 +217,7 @@ PreparedJob prepare_job(const ModelSpec& model, const HardwareSpec& hw, const Tr
   // Loading holds the weights as they are stored, QLoRA's quantised ones in the compute dtype first
   // (bitsandbytes quantises each weight on its way to the GPU).
   j.model_load_bytes = e.weights + model.num_layers * l.weights + h.weights +
-                       double(all.nf4) * activation_bytes(setup.precision) - double(all.nf4_bytes);
+                       (model.quantized.active() ? 0.0 : double(all.nf4) * activation_bytes(setup.precision) - double(all.nf4_bytes));
   j.trainable_save_bytes = double(j.trainable_params) * (setup.method == Method::full ? tb.weight : 2.0);
   j.dequant_bytes = setup.method == Method::qlora
                         ? to_bytes(fw.dequant_weights_alive * activation_bytes(setup.precision) * u.largest_quantized)
@@ -233,6 +240,10 @@ PreparedJob prepare_job(const ModelSpec& model, const HardwareSpec& hw, const Tr
   const double kept_tv = compiled ? loss.compiled_kept_bytes_per_token_vocab : loss.kept_bytes_per_token_vocab;
   j.loss_peak_bytes_per_sample = S * (peak_tv * model.vocab_size + loss.peak_bytes_per_token_hidden * model.hidden_size);
   j.loss_kept_bytes_per_sample = S * (kept_tv * model.vocab_size + loss.kept_bytes_per_token_hidden * model.hidden_size);
+  // A final logit soft-cap keeps tanh's output through the loss where the loss takes whole logits.
+  const double softcap = setup.loss == Loss::full && !compiled ? double(logit_softcap_bytes(model, 1, setup.memory_seq_len(), setup.precision)) : 0.0;
+  j.loss_peak_bytes_per_sample += softcap;
+  j.loss_kept_bytes_per_sample += softcap;
   return j;
 }
 
@@ -527,7 +538,11 @@ std::vector<std::string> memory_assumptions(const ModelSpec& model, const Hardwa
     lines.push_back("LoRA: frozen base in " + std::string(setup.precision == Precision::fp32 ? "fp32" : "bf16") +
                     ", rank " + std::to_string(setup.lora.rank) + " on " + std::to_string(setup.lora.targets.size()) +
                     " module(s) per block");
-  if (setup.method == Method::qlora)
+  for (const auto& note : model.notes) lines.push_back("model: " + note);
+  if (setup.method == Method::qlora && model.quantized.active())
+    lines.push_back("LoRA on a quantized base: block linears as stored (" + model.quantized.describe() + "), the rest " +
+                    (fw.fp32_upcast_unquantized ? "upcast to fp32" : "in bf16"));
+  else if (setup.method == Method::qlora)
     lines.push_back(std::string("QLoRA: block linears") + (fw.quantize_lm_head ? " and the head" : "") + " in NF4 (block 64, " +
                     (setup.quantization.double_quant ? "double quantisation: 4.127" : "fp32 absmax per block: 4.5") +
                     " bits/weight), the rest " + (fw.fp32_upcast_unquantized ? "upcast to fp32" : "in bf16") +
@@ -577,7 +592,6 @@ std::vector<std::string> memory_assumptions(const ModelSpec& model, const Hardwa
       << format_gib(setup.host_memory_gib ? *setup.host_memory_gib * double(1ll << 30) : double(hw.host_memory_bytes_per_node))
       << " per node";
   lines.push_back(fit.str());
-  (void)model;
   return lines;
 }
 

@@ -45,6 +45,8 @@ nlohmann::json model_json(const ModelSpec& model, const TrainableParams& p) {
   return {{"name", model.name},
           {"model_type", model.model_type},
           {"params_total", p.total},
+          {"params_active", p.total},  // dense: every parameter runs for every token
+          {"params_vision", counts.vision},
           {"params_trainable", p.trainable},
           {"params_frozen", p.frozen},
           {"params_quantized", p.quantized},
@@ -53,7 +55,15 @@ nlohmann::json model_json(const ModelSpec& model, const TrainableParams& p) {
           {"params_lm_head", counts.lm_head},
           {"num_layers", model.num_layers},
           {"hidden_size", model.hidden_size},
-          {"vocab_size", model.vocab_size}};
+          {"vocab_size", model.vocab_size},
+          {"sliding_window", model.sliding_window},
+          {"sliding_layers", model.num_sliding_layers()},
+          {"quantization", model.quantized.active() ? nlohmann::json{{"method", model.quantized.method},
+                                                                       {"bits", model.quantized.bits},
+                                                                       {"group_size", model.quantized.group_size},
+                                                                       {"bytes_per_weight", model.quantized.bytes_per_weight}}
+                                                    : nlohmann::json(nullptr)},
+          {"notes", model.notes}};
 }
 
 nlohmann::json memory_report_json(const MemoryReport& r) {

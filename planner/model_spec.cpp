@@ -1,18 +1,29 @@
 #include "planner/model_spec.h"
 
+#include <algorithm>
+#include <cmath>
+
 #include <nlohmann/json.hpp>
 
 #include "planner/data_paths.h"
 #include "planner/errors.h"
+#include "planner/format.h"
 #include "planner/json_fields.h"
+#include "planner/model_family.h"
 
 namespace ftplan {
 namespace {
 
-// Keys that would change the architecture in ways this model does not describe.
-constexpr const char* kUnsupportedKeys[] = {"num_local_experts", "num_experts", "moe_intermediate_size",
-                                            "n_routed_experts", "sliding_window_pattern",
-                                            "q_lora_rank", "kv_lora_rank"};
+// Architecture keys every family reads.
+const std::vector<std::string> kCommonKeys{"vocab_size",          "hidden_size",       "intermediate_size",
+                                           "num_hidden_layers",   "num_attention_heads", "num_key_value_heads",
+                                           "head_dim",            "max_position_embeddings", "tie_word_embeddings",
+                                           "rms_norm_eps",        "rope_theta",        "rope_scaling",
+                                           "rope_parameters",     "attention_dropout", "quantization_config"};
+
+bool contains(const std::vector<std::string>& names, const std::string& name) {
+  return std::find(names.begin(), names.end(), name) != names.end();
+}
 
 RopeScaling read_rope_scaling(const nlohmann::json& rope, const std::string& where) {
   RopeScaling scaling;
@@ -27,21 +38,89 @@ RopeScaling read_rope_scaling(const nlohmann::json& rope, const std::string& whe
   return scaling;
 }
 
-}  // namespace
+// Experts and MLA first (they have their own message), then every key that is neither read by every
+// family, nor metadata, nor in the family's row: all of them named at once.
+void check_keys(const nlohmann::json& c, const ModelFamily& f, const std::string& where, bool decoder = true) {
+  for (auto it = c.begin(); it != c.end(); ++it)
+    if (is_mixture_or_mla_key(it.key()) && !it->is_null() && !(it->is_number() && it->get<double>() == 0))
+      fail_input(where + ": " + it.key() + ": mixture-of-experts and MLA models are not supported");
+  std::string unknown;
+  for (auto it = c.begin(); it != c.end(); ++it) {
+    const std::string& k = it.key();
+    const bool common = decoder ? contains(kCommonKeys, k) : k == "quantization_config";
+    if (common || is_metadata_key(k) || contains(f.keys, k)) continue;
+    unknown += (unknown.empty() ? "" : "; ") + where + ": " + k;
+  }
+  if (!unknown.empty())
+    fail_input(unknown + ": not modelled for model_type '" + f.model_type + "' (" + f.source +
+               "): a key that may change the architecture is refused rather than ignored");
+}
 
-ModelSpec model_spec_from_json(const nlohmann::json& c, const std::string& name) {
-  const std::string where = name.empty() ? "config" : name;
-  if (!c.is_object()) fail_input(where + ": expected a JSON object (a Hugging Face config.json)");
-  for (const char* key : kUnsupportedKeys)
-    if (has_field(c, key) && !(c.at(key).is_number() && c.at(key).get<double>() == 0))
-      fail_input(where + ": " + key + ": mixture-of-experts and MLA models are not supported");
+// The config over the family's config-class defaults: a key the config gives (null included, which
+// transformers reads as None) wins.
+nlohmann::json with_defaults(const nlohmann::json& c, const ModelFamily& f) {
+  if (f.defaults.empty()) return c;
+  nlohmann::json merged = nlohmann::json::parse(f.defaults);
+  for (auto it = c.begin(); it != c.end(); ++it) merged[it.key()] = *it;
+  return merged;
+}
 
-  ModelSpec m;
-  m.name = name;
-  m.model_type = read_string_or(c, "model_type", "llama", where);
-  if (m.model_type != "llama" && m.model_type != "mistral" && m.model_type != "qwen2")
-    fail_input(where + ": model_type: '" + m.model_type +
-               "' is not supported (llama, mistral, qwen2)");
+// A dropout probability other than 0 keeps masks this model does not count.
+void require_no_dropout(const nlohmann::json& c, const char* key, const std::string& where) {
+  if (read_number_or(c, key, 0.0, where, 0.0, 1.0) != 0.0)
+    fail_input(where + ": " + key + ": dropout during training keeps masks that are not modelled (published "
+               "configs set 0.0)");
+}
+
+// The layers that attend over the window, by the family's rule or the config's layer_types.
+void read_sliding_window(const nlohmann::json& c, const ModelFamily& f, const std::string& where, ModelSpec& m) {
+  if (f.sliding == SlidingLayers::none) return;
+  const int64_t L = m.num_layers;
+  int64_t window = read_int_or(c, "sliding_window", 0, where, 1, INT64_C(1) << 30);
+  if (has_field(c, "sliding_window_size") && window && read_int(c, "sliding_window_size", where, 1, INT64_C(1) << 30) != window)
+    fail_input(where + ": sliding_window_size: differs from sliding_window " + std::to_string(window));
+  std::vector<bool> local(static_cast<size_t>(L), false);
+  switch (f.sliding) {
+    case SlidingLayers::all:
+      std::fill(local.begin(), local.end(), true);
+      break;
+    case SlidingLayers::from_max_window: {
+      if (!read_bool_or(c, "use_sliding_window", false, where)) window = 0;
+      const int64_t first = read_int_or(c, "max_window_layers", f.default_max_window_layers, where, 0, 100'000);
+      for (int64_t i = first; i < L; ++i) local[size_t(i)] = true;
+      break;
+    }
+    case SlidingLayers::every_other:
+      for (int64_t i = 0; i < L; ++i) local[size_t(i)] = i % 2 == 0;
+      break;
+    case SlidingLayers::pattern: {
+      const int64_t p = read_int_or(c, "sliding_window_pattern", 6, where, 1, 100'000);
+      for (int64_t i = 0; i < L; ++i) local[size_t(i)] = (i + 1) % p != 0;
+      break;
+    }
+    case SlidingLayers::none: break;
+  }
+  if (has_field(c, "layer_types")) {
+    const auto& types = c.at("layer_types");
+    if (!types.is_array() || static_cast<int64_t>(types.size()) != L)
+      fail_input(where + ": layer_types: expected a list of " + std::to_string(L) + " layer types");
+    for (int64_t i = 0; i < L; ++i) {
+      const auto& t = types.at(size_t(i));
+      if (t == "sliding_attention") local[size_t(i)] = true;
+      else if (t == "full_attention") local[size_t(i)] = false;
+      else fail_input(where + ": layer_types: " + t.dump() + " is not sliding_attention or full_attention");
+    }
+  }
+  if (window == 0 || std::none_of(local.begin(), local.end(), [](bool b) { return b; })) return;
+  m.sliding_window = window;
+  m.sliding_layers = local;
+}
+
+// One decoder's architecture from its config object (a model's config, or a wrapper's text_config).
+void read_decoder(const nlohmann::json& config, const ModelFamily& f, const std::string& where, ModelSpec& m) {
+  check_keys(config, f, where);
+  const nlohmann::json c = with_defaults(config, f);
+  m.model_type = f.model_type;
   m.vocab_size = read_int(c, "vocab_size", where, 1, 10'000'000);
   m.hidden_size = read_int(c, "hidden_size", where, 1, 1'000'000);
   m.intermediate_size = read_int(c, "intermediate_size", where, 1, 10'000'000);
@@ -61,13 +140,39 @@ ModelSpec model_spec_from_json(const nlohmann::json& c, const std::string& name)
     m.head_dim = m.hidden_size / m.num_heads;
   }
   m.max_position_embeddings = read_int_or(c, "max_position_embeddings", 4096, where, 1, INT64_C(1) << 30);
-  // Llama and Mistral default to untied embeddings; Qwen2's small models tie them in their config.
-  m.tie_word_embeddings = read_bool_or(c, "tie_word_embeddings", false, where);
-  bool attention_bias = read_bool_or(c, "attention_bias", false, where);
-  m.qkv_bias = attention_bias || m.model_type == "qwen2";  // Qwen2 always has q,k,v biases
+  m.tie_word_embeddings = read_bool_or(c, "tie_word_embeddings", f.tie_default, where);
+  const bool attention_bias = contains(f.keys, "attention_bias") && read_bool_or(c, "attention_bias", false, where);
+  if (attention_bias && f.fused_qkv)
+    fail_input(where + ": attention_bias: true, but " + f.source + " builds qkv_proj and o_proj without biases");
+  m.qkv_bias = attention_bias || f.qkv_bias_always;
   m.o_bias = attention_bias;
-  m.mlp_bias = read_bool_or(c, "mlp_bias", false, where);
+  m.mlp_bias = contains(f.keys, "mlp_bias") && read_bool_or(c, "mlp_bias", false, where);
   m.rms_norm_eps = read_number_or(c, "rms_norm_eps", 1e-5, where, 0.0, 1.0);
+  if (read_int_or(c, "pretraining_tp", 1, where, 1, 1024) != 1)
+    fail_input(where + ": pretraining_tp: above 1 splits every linear into slices in forward: not modelled");
+  require_no_dropout(c, "attention_dropout", where);
+  if (contains(f.keys, "embd_pdrop")) require_no_dropout(c, "embd_pdrop", where);
+  if (contains(f.keys, "resid_pdrop")) require_no_dropout(c, "resid_pdrop", where);
+  if (read_bool_or(c, "use_bidirectional_attention", false, where))
+    fail_input(where + ": use_bidirectional_attention: true (an embedding model) is not modelled");
+
+  // The family's block.
+  m.norm_pre_attention = f.norm_pre_attention;
+  m.norm_post_attention = f.norm_post_attention;
+  m.norm_pre_mlp = f.norm_pre_mlp;
+  m.norm_post_mlp = f.norm_post_mlp;
+  m.qk_norm = f.qk_norm;
+  m.norm_scale_fp32 = f.norm_scale_fp32;
+  m.fused_qkv = f.fused_qkv;
+  m.fused_gate_up = f.fused_gate_up;
+  m.scaled_embedding = f.scaled_embedding;
+  m.hidden_act = read_string_or(c, f.activation_key.c_str(), read_string_or(c, "hidden_act", f.default_activation, where),
+                                where);
+  m.default_lora_targets = f.default_lora_targets;
+  if (f.softcapping) {
+    m.attn_logit_softcapping = read_number_or(c, "attn_logit_softcapping", 0.0, where, 0.0, 1e6);
+    m.final_logit_softcapping = read_number_or(c, "final_logit_softcapping", 0.0, where, 0.0, 1e6);
+  }
 
   // rope_theta at the top level (transformers < 5) or inside rope_parameters (transformers >= 5).
   m.rope_theta = read_number_or(c, "rope_theta", 10000.0, where, 1e-6, 1e12);
@@ -77,11 +182,116 @@ ModelSpec model_spec_from_json(const nlohmann::json& c, const std::string& name)
     m.rope_scaling = read_rope_scaling(rp, where + ": rope_parameters");
   }
   if (has_field(c, "rope_scaling")) m.rope_scaling = read_rope_scaling(c.at("rope_scaling"), where + ": rope_scaling");
+  read_sliding_window(c, f, where, m);
+}
+
+// A SigLIP vision tower (transformers models/siglip/modeling_siglip.py: SiglipVisionEmbeddings' patch
+// Conv2d with bias and position Embedding((image/patch)^2), per layer two LayerNorms with bias,
+// q,k,v,out_proj and fc1, fc2 with biases, a post LayerNorm, and, unless vision_use_head is false, the
+// attention-pooling head: probe, nn.MultiheadAttention, LayerNorm, MLP) and Gemma 3's projector.
+VisionTower read_siglip(const nlohmann::json& v, int64_t text_hidden, const std::string& where) {
+  if (!v.is_object()) fail_input(where + ": expected an object");
+  static const std::vector<std::string> known{"model_type", "hidden_size", "intermediate_size", "num_hidden_layers",
+                                              "num_attention_heads", "num_channels", "image_size", "patch_size",
+                                              "hidden_act", "layer_norm_eps", "attention_dropout", "vision_use_head"};
+  std::string unknown;
+  for (auto it = v.begin(); it != v.end(); ++it)
+    if (!contains(known, it.key()) && !is_metadata_key(it.key()))
+      unknown += (unknown.empty() ? "" : "; ") + where + ": " + it.key();
+  if (!unknown.empty()) fail_input(unknown + ": not modelled for the SigLIP vision tower");
+  VisionTower t;
+  t.model_type = read_string_or(v, "model_type", "siglip_vision_model", where);
+  if (t.model_type != "siglip_vision_model")
+    fail_input(where + ": model_type: '" + t.model_type + "' is not modelled (siglip_vision_model)");
+  // SiglipVisionConfig's defaults.
+  const int64_t h = read_int_or(v, "hidden_size", 768, where, 1, 1'000'000);
+  const int64_t i = read_int_or(v, "intermediate_size", 3072, where, 1, 10'000'000);
+  const int64_t L = read_int_or(v, "num_hidden_layers", 12, where, 1, 100'000);
+  const int64_t heads = read_int_or(v, "num_attention_heads", 12, where, 1, 100'000);
+  const int64_t C = read_int_or(v, "num_channels", 3, where, 1, 1024);
+  const int64_t image = read_int_or(v, "image_size", 224, where, 1, 100'000);
+  const int64_t patch = read_int_or(v, "patch_size", 16, where, 1, 100'000);
+  require_no_dropout(v, "attention_dropout", where);
+  if (h % heads != 0)
+    fail_input(where + ": num_attention_heads: " + std::to_string(heads) + " does not divide hidden_size " +
+               std::to_string(h));
+  const double size = double(C) * patch * patch * h + double(image / patch) * (image / patch) * h +
+                     double(L) * (4.0 * h * h + 2.0 * h * i) + 4.0 * h * h + 2.0 * h * i + double(h) * text_hidden;
+  if (size > 1e15) fail_input(where + ": hidden_size: the vision tower would have over 1e15 parameters");
+  const int64_t patches = (image / patch) * (image / patch);
+  const int64_t embeddings = C * patch * patch * h + h + patches * h;
+  const int64_t layer = 2 * h + 4 * (h * h + h) + 2 * h + (h * i + i) + (i * h + h);
+  const int64_t head = read_bool_or(v, "vision_use_head", true, where)
+                           ? h + (3 * h * h + 3 * h) + (h * h + h) + 2 * h + (h * i + i) + (i * h + h)
+                           : 0;
+  t.tower_params = embeddings + L * layer + 2 * h + head;
+  t.projector_params = h * text_hidden + h;
+  return t;
+}
+
+}  // namespace
+
+int64_t ModelSpec::num_sliding_layers() const {
+  return sliding_window > 0 ? std::count(sliding_layers.begin(), sliding_layers.end(), true) : 0;
+}
+
+ModelSpec model_spec_from_json(const nlohmann::json& c, const std::string& name) {
+  const std::string where = name.empty() ? "config" : name;
+  if (!c.is_object()) fail_input(where + ": expected a JSON object (a Hugging Face config.json)");
+  ModelSpec m;
+  m.name = name;
+  const std::string model_type = read_string_or(c, "model_type", "llama", where);
+  const ModelFamily* f = find_model_family(model_type);
+  if (!f) fail_input(where + ": model_type: '" + model_type + "' is not supported (" + model_family_list() + ")");
+
+  if (f->text_config_type.empty()) {
+    read_decoder(c, *f, where, m);
+  } else {
+    // A multimodal wrapper: its own keys, the decoder in text_config, the tower in vision_config.
+    check_keys(c, *f, where, false);
+    m.wrapper_type = f->model_type;
+    const ModelFamily* text = find_model_family(f->text_config_type);
+    const nlohmann::json tc = has_field(c, "text_config") ? c.at("text_config") : nlohmann::json::object();
+    if (!tc.is_object()) fail_input(where + ": text_config: expected an object");
+    const std::string text_type = read_string_or(tc, "model_type", text->model_type, where + ": text_config");
+    if (text_type != text->model_type)
+      fail_input(where + ": text_config: model_type: '" + text_type + "' (a " + f->model_type + " wraps a " +
+                 text->model_type + ")");
+    read_decoder(tc, *text, where + ": text_config", m);
+    if (has_field(c, "vision_config")) {
+      m.vision = read_siglip(c.at("vision_config"), m.hidden_size, where + ": vision_config");
+      m.notes.push_back(m.wrapper_type + ": the vision tower (" + m.vision.model_type + ", " +
+                        format_count(m.vision.tower_params) + " parameters) and projector (" +
+                        format_count(m.vision.projector_params) +
+                        ") are counted and held with the embedding; text-only batches: they run no forward, "
+                        "LoRA leaves them frozen");
+    } else {
+      m.notes.push_back(m.wrapper_type + ": no vision_config: the vision tower is left out of the counts");
+    }
+  }
+
+  if (has_field(c, "quantization_config")) {
+    m.quantized = quantized_base_from_json(c.at("quantization_config"), where);
+    for (const auto& lin : block_linears(m)) m.quantized.modules.push_back(lin.name);
+    m.notes.push_back("quantization_config: block linears stored as " + m.quantized.describe() +
+                      "; full fine-tuning refused");
+  }
+  if (m.attn_logit_softcapping > 0)
+    m.notes.push_back("attention soft-cap " + format_fixed(m.attn_logit_softcapping, 1) +
+                      ": eager attention keeps tanh's output (B x heads x S^2) for backward; fused kernels keep none");
+  if (m.final_logit_softcapping > 0)
+    m.notes.push_back("final logit soft-cap " + format_fixed(m.final_logit_softcapping, 1) +
+                      ": the full loss keeps tanh's output (tokens x vocab) for backward");
+  if (m.sliding_window > 0)
+    m.notes.push_back("sliding window " + std::to_string(m.sliding_window) + " on " +
+                      std::to_string(m.num_sliding_layers()) + " of " + std::to_string(m.num_layers) +
+                      " layers: fused (flash) attention computes min(S, window) keys per query; eager attention "
+                      "computes and keeps the full S x S scores (transformers masks the window)");
 
   // Reject sizes whose products would overflow 64-bit counts later (bytes of activations too).
   const double h = static_cast<double>(m.hidden_size);
   double per_layer = h * (m.q_dim() + 2.0 * m.kv_dim()) + m.q_dim() * h + 3.0 * h * m.intermediate_size;
-  if (per_layer * m.num_layers + 2.0 * m.vocab_size * h > 1e15)
+  if (per_layer * m.num_layers + 2.0 * m.vocab_size * h + double(m.vision.total()) > 1e15)
     fail_input(where + ": hidden_size: the model would have over 1e15 parameters");
   return m;
 }
@@ -93,31 +303,44 @@ ModelSpec load_model(const std::string& name_or_path) {
   return model_spec_from_json(read_json_file(path), is_name ? name_or_path : path);
 }
 
-std::array<LinearShape, 7> block_linears(const ModelSpec& m) {
+std::vector<LinearShape> block_linears(const ModelSpec& m) {
   const int64_t h = m.hidden_size, i = m.intermediate_size;
-  return {{{"q_proj", h, m.q_dim(), m.qkv_bias},
-           {"k_proj", h, m.kv_dim(), m.qkv_bias},
-           {"v_proj", h, m.kv_dim(), m.qkv_bias},
-           {"o_proj", m.q_dim(), h, m.o_bias},
-           {"gate_proj", h, i, m.mlp_bias},
-           {"up_proj", h, i, m.mlp_bias},
-           {"down_proj", i, h, m.mlp_bias}}};
+  std::vector<LinearShape> out;
+  if (m.fused_qkv) {
+    out.push_back({"qkv_proj", h, m.q_dim() + 2 * m.kv_dim(), m.qkv_bias, LinearRole::attention_in});
+  } else {
+    out.push_back({"q_proj", h, m.q_dim(), m.qkv_bias, LinearRole::attention_in});
+    out.push_back({"k_proj", h, m.kv_dim(), m.qkv_bias, LinearRole::attention_in});
+    out.push_back({"v_proj", h, m.kv_dim(), m.qkv_bias, LinearRole::attention_in});
+  }
+  out.push_back({"o_proj", m.q_dim(), h, m.o_bias, LinearRole::attention_out});
+  if (m.fused_gate_up) {
+    out.push_back({"gate_up_proj", h, 2 * i, m.mlp_bias, LinearRole::mlp_in});
+  } else {
+    out.push_back({"gate_proj", h, i, m.mlp_bias, LinearRole::mlp_in});
+    out.push_back({"up_proj", h, i, m.mlp_bias, LinearRole::mlp_in});
+  }
+  out.push_back({"down_proj", i, h, m.mlp_bias, LinearRole::mlp_out});
+  return out;
 }
 
 ParamCounts count_params(const ModelSpec& m) {
   ParamCounts p;
   const int64_t h = m.hidden_size;
   for (const auto& lin : block_linears(m)) {
-    int64_t n = lin.in_features * lin.out_features + (lin.bias ? lin.out_features : 0);
-    bool is_mlp = lin.name == "gate_proj" || lin.name == "up_proj" || lin.name == "down_proj";
+    const int64_t n = lin.in_features * lin.out_features + (lin.bias ? lin.out_features : 0);
+    const bool is_mlp = lin.role == LinearRole::mlp_in || lin.role == LinearRole::mlp_out;
     (is_mlp ? p.mlp : p.attention) += n;
   }
-  p.norms = 2 * h;
+  p.norms = m.block_norms() * h;
+  if (m.qk_norm == QkNorm::per_head) p.norms += 2 * m.head_dim;
+  if (m.qk_norm == QkNorm::whole_projection) p.norms += m.q_dim() + m.kv_dim();
   p.per_layer = p.attention + p.mlp + p.norms;
   p.embedding = m.vocab_size * h;
   p.final_norm = h;
   p.lm_head = m.tie_word_embeddings ? 0 : m.vocab_size * h;
-  p.total = p.embedding + m.num_layers * p.per_layer + p.final_norm + p.lm_head;
+  p.vision = m.vision.total();
+  p.total = p.embedding + m.num_layers * p.per_layer + p.final_norm + p.lm_head + p.vision;
   return p;
 }
 

@@ -1,13 +1,19 @@
-// Model spec: the architecture of a Llama-family decoder, read from a Hugging Face config.json.
-// Covers Llama 1/2/3/3.1, Mistral, Qwen2, CodeLlama and TinyLlama (GQA, head_dim, tied embeddings,
-// attention/MLP bias, rope_theta at top level or inside rope_parameters).
+// Model spec: the architecture of a dense decoder, read from a Hugging Face config.json.
+// Covers the families of planner/model_family.h: Llama 1/2/3/3.x, Mistral (sliding window), Qwen2,
+// Qwen3 (q/k norms), Gemma 2 and 3 (pre- and post-norms, soft-capping, local/global layers, the
+// Gemma 3 multimodal wrapper's text_config and vision tower), Phi-3/Phi-4 (fused projections),
+// OLMo 2 (post-norms, q/k norms over the whole projection), and a quantised base (quantized_base.h).
+// What differs between families is a field here, filled from the family's row; the counting,
+// activation and FLOP code read these fields, never the family name.
 #pragma once
 
-#include <array>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json_fwd.hpp>
+
+#include "planner/quantized_base.h"
 
 namespace ftplan {
 
@@ -19,9 +25,26 @@ struct RopeScaling {
   int64_t original_max_position = 0;   // llama3 only, e.g. 8192
 };
 
+// RMSNorms on the queries and keys before RoPE.
+enum class QkNorm {
+  none,
+  per_head,          // one weight of head_dim shared by every head (Qwen3, Gemma 3): 2·head_dim parameters
+  whole_projection,  // over the whole projection (OLMo 2): q_dim + kv_dim parameters
+};
+
+// A multimodal wrapper's vision tower (Gemma 3: SigLIP) and its projector into the text model.
+struct VisionTower {
+  std::string model_type;     // vision_config.model_type, e.g. "siglip_vision_model"; "" = none
+  int64_t tower_params = 0;   // e.g. 416,866,032 (Gemma-3-4B's SigLIP without its pooling head)
+  int64_t projector_params = 0;  // e.g. 2,950,272 (1152×2560 + an RMSNorm of 1152)
+  int64_t total() const { return tower_params + projector_params; }
+};
+
 struct ModelSpec {
   std::string name;              // short name or file stem, e.g. "llama-3-8b"
-  std::string model_type;        // "llama", "mistral", "qwen2"
+  std::string model_type;        // the decoder's family: "llama", "mistral", "qwen2", "qwen3", "gemma2",
+                                 // "gemma3_text", "phi3", "olmo2" (a wrapper's text_config family)
+  std::string wrapper_type;      // the config's own model_type when it wraps the decoder, e.g. "gemma3"; else ""
   int64_t vocab_size = 0;        // e.g. 128256
   int64_t hidden_size = 0;       // e.g. 4096
   int64_t intermediate_size = 0; // e.g. 14336
@@ -38,19 +61,47 @@ struct ModelSpec {
   double rope_theta = 10000.0;
   RopeScaling rope_scaling;
 
+  // Norms of one block, each an RMSNorm of hidden_size (Llama: pre-attention and pre-MLP).
+  bool norm_pre_attention = true;   // input_layernorm, e.g. true (false in OLMo 2)
+  bool norm_post_attention = false; // on the attention output before the residual add, e.g. true (Gemma 2/3, OLMo 2)
+  bool norm_pre_mlp = true;         // Llama's post_attention_layernorm / Gemma's pre_feedforward_layernorm
+  bool norm_post_mlp = false;       // post_feedforward_layernorm, e.g. true (Gemma 2/3, OLMo 2)
+  QkNorm qk_norm = QkNorm::none;    // e.g. per_head (Qwen3)
+  bool norm_scale_fp32 = false;     // Gemma: x·(1 + weight) in fp32, so a trained norm keeps an fp32 output
+  bool fused_qkv = false;           // one qkv_proj instead of q,k,v (Phi-3)
+  bool fused_gate_up = false;       // one gate_up_proj instead of gate, up (Phi-3)
+  std::string hidden_act = "silu";  // the gated MLP's activation, e.g. "silu" (SwiGLU), "gelu_pytorch_tanh"
+                                    // (GeGLU): the same tensors are kept either way
+  bool scaled_embedding = false;    // embeddings × sqrt(hidden_size) (Gemma): no parameters, nothing kept
+  double attn_logit_softcapping = 0;   // cap·tanh(scores/cap) on attention scores, e.g. 50.0 (Gemma 2); 0 = none
+  double final_logit_softcapping = 0;  // the same on the logits, e.g. 30.0 (Gemma 2); 0 = none
+  int64_t sliding_window = 0;          // tokens a local layer attends to, e.g. 4096 (Gemma 2); 0 = none
+  std::vector<bool> sliding_layers;    // per layer: true where it attends over sliding_window tokens, e.g.
+                                       // Gemma 2: true, false, true, ...; empty = every layer global
+  VisionTower vision;                  // Gemma 3 wrapper: counted, frozen under LoRA, not run by text batches
+  QuantizedBase quantized;             // quantization_config: the block linears as the checkpoint stores them
+  std::vector<std::string> default_lora_targets;  // PEFT's default for the family, e.g. {"q_proj", "v_proj"};
+                                                  // empty: PEFT has none (Phi-3, OLMo 2: targets must be given)
+  std::vector<std::string> notes;      // what the reader assumed or left out, printed with the assumptions
+
   int64_t q_dim() const { return num_heads * head_dim; }      // q_proj output features
   int64_t kv_dim() const { return num_kv_heads * head_dim; }  // k_proj / v_proj output features
+  int64_t block_norms() const {                               // hidden-size RMSNorms per block, e.g. 2 or 4
+    return int64_t(norm_pre_attention) + norm_post_attention + norm_pre_mlp + norm_post_mlp;
+  }
+  int64_t num_sliding_layers() const;                         // layers attending over the window, e.g. 21
 };
 
 // Parameter counts of the pieces of the model, exact (no rounding).
 struct ParamCounts {
   int64_t embedding = 0;    // vocab_size * hidden_size
-  int64_t per_layer = 0;    // one decoder block: attention + MLP + two RMSNorms
-  int64_t attention = 0;    // q,k,v,o weights and biases of one block
-  int64_t mlp = 0;          // gate, up, down of one block
-  int64_t norms = 0;        // the two RMSNorm weights of one block
+  int64_t per_layer = 0;    // one decoder block: attention + MLP + its norms
+  int64_t attention = 0;    // q,k,v,o (or qkv,o) weights and biases of one block
+  int64_t mlp = 0;          // gate, up, down (or gate_up, down) of one block
+  int64_t norms = 0;        // the block's RMSNorm weights, q/k norms included
   int64_t final_norm = 0;   // hidden_size
   int64_t lm_head = 0;      // 0 when tied to the embedding
+  int64_t vision = 0;       // a multimodal wrapper's vision tower and projector; 0 for text models
   int64_t total = 0;
 };
 
@@ -62,14 +113,24 @@ ModelSpec load_model(const std::string& name_or_path);
 
 ParamCounts count_params(const ModelSpec& model);
 
+// What a block linear reads and feeds: the activation model keeps a shared input once per group.
+enum class LinearRole {
+  attention_in,   // q_proj, k_proj, v_proj, qkv_proj: read the attention norm's output
+  attention_out,  // o_proj: reads the attention output
+  mlp_in,         // gate_proj, up_proj, gate_up_proj: read the MLP norm's output
+  mlp_out,        // down_proj: reads the gated product
+};
+
 // The linear layers of one block, by their Hugging Face module names.
 struct LinearShape {
-  std::string name;      // "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"
+  std::string name;      // "q_proj", ..., or Phi-3's "qkv_proj", "gate_up_proj"
   int64_t in_features;
   int64_t out_features;
   bool bias;
+  LinearRole role;
 };
-// The seven linear layers of one decoder block, in execution order.
-std::array<LinearShape, 7> block_linears(const ModelSpec& model);
+// The linear layers of one decoder block in execution order, named as the family's transformers
+// code names them (so LoRA target lists such as "qkv_proj" match): seven for Llama, four for Phi-3.
+std::vector<LinearShape> block_linears(const ModelSpec& model);
 
 }  // namespace ftplan

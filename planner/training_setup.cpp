@@ -51,8 +51,9 @@ const std::array<std::pair<const char*, Strategy>, 13> kStrategies{{
     {"fsdp_shard_grad_op", Strategy::fsdp_shard_grad_op}, {"fsdp_hybrid", Strategy::fsdp_hybrid},
     {"zero2_offload", Strategy::zero2_offload}, {"zero3_offload", Strategy::zero3_offload}}};
 
-const std::array<const char*, 7> kLinearNames{"q_proj", "k_proj", "v_proj", "o_proj",
-                                              "gate_proj", "up_proj", "down_proj"};
+// The block linears of every family (model_family.h): Llama's seven first (all-linear), then Phi-3's fused ones.
+const std::array<const char*, 9> kLinearNames{"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                              "up_proj", "down_proj", "qkv_proj", "gate_up_proj"};
 
 }  // namespace
 
@@ -83,7 +84,7 @@ Loss parse_loss(const std::string& s, const std::string& f) { return parse_enum(
 Strategy parse_strategy(const std::string& s, const std::string& f) { return parse_enum(s, f, kStrategies); }
 
 std::vector<std::string> parse_lora_targets(const std::string& list, const std::string& field) {
-  if (list == "all-linear" || list == "all") return {kLinearNames.begin(), kLinearNames.end()};
+  if (list == "all-linear" || list == "all") return {kLinearNames.begin(), kLinearNames.begin() + 7};
   std::vector<std::string> targets;
   std::stringstream in(list);
   std::string name;
@@ -91,7 +92,7 @@ std::vector<std::string> parse_lora_targets(const std::string& list, const std::
     if (std::find(kLinearNames.begin(), kLinearNames.end(), name) == kLinearNames.end())
       fail_input(field + ": '" + name +
                  "' is not a block linear (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, "
-                 "down_proj, or all-linear)");
+                 "down_proj; Phi-3: qkv_proj, o_proj, gate_up_proj, down_proj; or all-linear)");
     if (std::find(targets.begin(), targets.end(), name) == targets.end()) targets.push_back(name);
   }
   if (targets.empty()) fail_input(field + ": empty list");

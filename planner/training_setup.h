@@ -68,8 +68,10 @@ struct LoraSpec {
                                                          // lora_alpha=8 whatever the rank (peft tuners/lora/config.py)
   double dropout = 0.0;                                  // PEFT's default
   std::vector<std::string> targets{"q_proj", "v_proj"};  // PEFT's default for Llama; or all seven
+  bool all_linear = false;  // given as "all-linear": apply_model (job_fields.h) names the model's own linears
 };
-// "q_proj,v_proj", "all-linear" (all seven block linears) -> module names; InputError on others.
+// "q_proj,v_proj", "all-linear" (the seven Llama block linears; apply_model renames them for a family
+// whose linears differ) -> module names; InputError on a name no family has.
 std::vector<std::string> parse_lora_targets(const std::string& list, const std::string& field);
 
 // The dataset a whole job goes through.

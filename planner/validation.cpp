@@ -8,6 +8,7 @@
 #include "planner/errors.h"
 #include "planner/format.h"
 #include "planner/framework.h"
+#include "planner/job_fields.h"
 #include "planner/hardware_spec.h"
 #include "planner/memory_report.h"
 #include "planner/model_spec.h"
@@ -51,6 +52,7 @@ ValidationCase run_case(const nlohmann::json& c, const std::map<std::string, std
   apply_framework(setup, framework_profile(setup.framework));
   setup.headroom_fraction = 0;  // a published OOM is judged against the whole GPU
   const ModelSpec model = load_model(setup.model);
+  apply_model(setup, model);
   const HardwareSpec hw = load_hardware(setup.gpu);
   const Candidate cand = candidate_from_setup(setup, setup.strategy.value_or(Strategy::single));
   const PlanContext ctx = prepare_plan(model, hw, setup, setup.num_gpus);

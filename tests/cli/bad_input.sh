@@ -65,6 +65,18 @@ expect_bad "kv heads not dividing heads" "num_key_value_heads" memory --model "$
 python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); d["hidden_size"] = 10**12; json.dump(d, open(sys.argv[2], "w"))' \
   "$MODEL_JSON" "$TMP/absurd-model.json"
 expect_bad "absurd hidden_size" "hidden_size" memory --model "$TMP/absurd-model.json"
+
+# Architectures not modelled are refused by the key that says so, never approximated.
+python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); d["model_type"] = "gpt_neox"; json.dump(d, open(sys.argv[2], "w"))' \
+  "$MODEL_JSON" "$TMP/neox.json"
+expect_bad "unknown model_type" "model_type" memory --model "$TMP/neox.json"
+python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); d["use_parallel_residual"] = True; json.dump(d, open(sys.argv[2], "w"))' \
+  "$MODEL_JSON" "$TMP/parallel.json"
+expect_bad "an architecture key not modelled" "use_parallel_residual" memory --model "$TMP/parallel.json"
+python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); d["quantization_config"] = {"quant_method": "hqq", "nbits": 4}; json.dump(d, open(sys.argv[2], "w"))' \
+  "$MODEL_JSON" "$TMP/hqq.json"
+expect_bad "a quant_method not modelled" "quantization_config.quant_method" memory --model "$TMP/hqq.json" --method lora
+expect_bad "Phi-3 has no q_proj" "qkv_proj" memory --model phi-3-mini-4k --method lora --lora-targets q_proj,v_proj
 expect_bad "absurd seq-len" "--seq-len" memory --model llama-3-8b --seq-len 99999999999
 expect_bad "absurd gpus" "--gpus" memory --model llama-3-8b --gpus 999999999999
 expect_bad "absurd micro-batch" "--micro-batch" memory --model llama-3-8b --micro-batch 99999999999

@@ -23,6 +23,8 @@ except Exception as e:
     print(f"not valid JSON: {e}")
     sys.exit(1)
 m = d.get("model", {})
+if m.get("params_active") != m.get("params_total"):
+    problems.append(f"model.params_active = {m.get('params_active')}, expected params_total {m.get('params_total')} (dense)")
 if trainable >= 0:
     if m.get("params_total") != 8030261248:
         problems.append(f"model.params_total = {m.get('params_total')}, expected 8030261248")
@@ -87,7 +89,21 @@ rc=$?
 [ "$rc" -eq 0 ] || fail "memory <short job name> --json exited $rc: $(cat "$TMP/short.err")"
 cmp -s "$TMP/job.json" "$TMP/short.json" || fail "the job's short name and its path give different output"
 
-# 3. The default output is a table with the assumptions under it.
+# 3. Model families: exact totals against each model's published safetensors count
+# (configs/models/SOURCES.md), params_active equal to params_total for dense models.
+for pair in qwen3-8b:8190735360 gemma-2-9b:9241705984 gemma-3-4b:4300079472 phi-3-mini-4k:3821079552 \
+            olmo-2-7b:7298617344; do
+  name=${pair%%:*} want=${pair##*:}
+  "$FTPLAN" memory --model "$name" --method lora --lora-targets all-linear --gpu a100-80gb-sxm --json \
+    >"$TMP/$name.json" 2>"$TMP/$name.err" || fail "memory --model $name --json exited $?: $(cat "$TMP/$name.err")"
+  out=$(python3 -c '
+import json, sys
+m = json.load(open(sys.argv[1]))["model"]
+bad = [f"{k} = {m.get(k)}, expected {sys.argv[2]}" for k in ("params_total", "params_active") if m.get(k) != int(sys.argv[2])]
+print("; ".join(bad)); sys.exit(1 if bad else 0)' "$TMP/$name.json" "$want") || fail "memory --model $name --json: $out"
+done
+
+# 4. The default output is a table with the assumptions under it.
 "$FTPLAN" memory --model llama-3-8b --method lora --gpu a100-40gb-sxm --gpus 4 --seq-len 1024 \
   --micro-batch 4 >"$TMP/table.txt" 2>&1 || fail "memory (table) exited $?"
 grep -q "GiB" "$TMP/table.txt" || fail "the table names no GiB unit"
