@@ -106,8 +106,9 @@ void read_sliding_window(const nlohmann::json& c, const ModelFamily& f, const st
       fail_input(where + ": layer_types: expected a list of " + std::to_string(L) + " layer types");
     for (int64_t i = 0; i < L; ++i) {
       const auto& t = types.at(size_t(i));
-      if (t == "sliding_attention") local[size_t(i)] = true;
-      else if (t == "full_attention") local[size_t(i)] = false;
+      const std::string type = t.is_string() ? t.get<std::string>() : std::string();
+      if (type == "sliding_attention") local[size_t(i)] = true;
+      else if (type == "full_attention") local[size_t(i)] = false;
       else fail_input(where + ": layer_types: " + t.dump() + " is not sliding_attention or full_attention");
     }
   }
