@@ -41,14 +41,23 @@ void add_commands(CLI::App& app, Commands& c) {
   add_job_options(*simulate, c.simulate.job);
   simulate->add_option("--trace", c.simulate.trace, "Write a Chrome trace (Perfetto, chrome://tracing)");
 
-  auto* compare = app.add_subcommand("compare", "Predicted vs measured: plan.json beside ftexec's measured.json");
-  compare->add_option("plan", c.compare.plan, "Plan file from ftplan plan -o")->required();
-  compare->add_option("measured", c.compare.measured, "measured.json from ftexec run --out")->required();
+  auto* compare = app.add_subcommand("compare", "Predicted vs measured: plan.json beside the runs' logs");
+  compare->add_option("plan", c.compare.plan, "Plan file from ftplan plan -o, or a job file (planned here)")->required();
+  compare->add_option("runs", c.compare.runs,
+                      "Run logs, format read from the content: ftexec's measured.json, HF trainer_state.json, "
+                      "torchtune metric log, DeepSpeed or accelerate log, plain CSV/JSON (README: Run logs)")
+      ->required();
   compare->add_flag("--json", c.compare.json, "Print JSON");
   add_validate(app, c);
   compare->add_flag("--force", c.compare.force, "Compare even when the run differs from the planned job");
+  compare->add_flag("--ranks", c.compare.ranks,
+                    "The runs are ranks of one job: compare the most loaded rank (default: one comparison per run)");
   compare->add_option("--framework", c.compare.framework,
-                      "Predict for this framework profile (default: the run's own, e.g. ftexec; else the plan's)");
+                      "Predict for this framework profile (default: the run's own, e.g. torchtune; else the plan's)");
+  compare->add_option("--torchtune-memory-unit", c.compare.torchtune_memory_unit,
+                      "Unit of torchtune's peak_memory_*: gib (since torchtune PR #1348, 2024-08-15), gb (1e9, "
+                      "before), auto (what the log says, else gib)")
+      ->capture_default_str();
 
   auto* gpus = app.add_subcommand("gpus", "The GPU catalogue (hwdb/): memory, dense peaks, NVLink domain, host memory, "
                                           "dated rental price");

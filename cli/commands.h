@@ -47,10 +47,13 @@ struct SimulateOptions {
 };
 
 struct CompareOptions {
-  std::string plan, measured;
+  std::string plan;
+  std::vector<std::string> runs;  // measured.json, trainer_state.json, torchtune/DeepSpeed logs, CSV, ...
   bool json = false;
   bool force = false;  // compare a run of a different job anyway
+  bool ranks = false;  // the runs are ranks of one job: one comparison of the most loaded rank
   std::string framework;  // predict for this profile (default: the run's, else the plan's)
+  std::string torchtune_memory_unit = "auto";  // auto | gib | gb
 };
 
 struct ValidateOptions {

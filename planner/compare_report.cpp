@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <iomanip>
+#include <optional>
 #include <sstream>
+#include <tuple>
 
 #include "planner/errors.h"
 #include "planner/format.h"
@@ -13,6 +15,7 @@
 #include "planner/model_spec.h"
 #include "planner/plan_report.h"
 #include "planner/plan_search.h"
+#include "planner/run_logs.h"
 
 namespace ftplan {
 namespace {
@@ -65,6 +68,41 @@ std::string model_identity(const std::string& ref) {
 }
 
 std::string show(const nlohmann::json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); }
+
+// A row for a figure the log lacks: the prediction beside "missing".
+void add_missing_row(nlohmann::json& rows, const std::string& figure, const std::string& unit, double predicted) {
+  rows.push_back({{"figure", figure}, {"unit", unit}, {"predicted", predicted}, {"measured", nullptr},
+                  {"error_pct", nullptr}, {"missing", true}});
+}
+
+std::optional<double> number_at(const nlohmann::json& j, const char* key) {
+  if (!has_number(j, key)) return std::nullopt;
+  const double v = j[key].get<double>();
+  return std::isfinite(v) ? std::optional<double>(v) : std::nullopt;
+}
+
+// GPUs of the planned job: the candidate's (1 for a single-GPU plan), else the job's.
+double plan_gpus(const nlohmann::json& plan) {
+  const nlohmann::json c = plan.contains("candidate") ? plan["candidate"] : nlohmann::json();
+  if (c.is_object() && c.contains("strategy") && c["strategy"] == "single") return 1;
+  if (auto g = number_at(c, "gpus")) return *g;
+  if (plan.contains("job"))
+    if (auto g = number_at(plan["job"], "gpus")) return *g;
+  return 1;
+}
+
+// Tokens of one sample as the planner counts them (step_time.cpp): the mean row length of padded,
+// unpacked rows when the job gives it, else seq_len.
+std::optional<double> plan_tokens_per_sample(const nlohmann::json& plan) {
+  if (!plan.contains("job") || !plan["job"].is_object()) return std::nullopt;
+  const auto& j = plan["job"];
+  const auto seq = number_at(j, "seq_len");
+  if (!seq) return std::nullopt;
+  const bool packing = j.contains("packing") && j["packing"].is_boolean() && j["packing"].get<bool>();
+  if (!packing && j.contains("dataset") && j["dataset"].is_object())
+    if (auto mean = number_at(j["dataset"], "mean_tokens_per_row"); mean && *mean > 0) return std::min(*mean, *seq);
+  return seq;
+}
 
 }  // namespace
 
@@ -208,19 +246,129 @@ nlohmann::json compare_json(const nlohmann::json& plan, const nlohmann::json& me
   return {{"rows", rows}, {"notes", notes}, {"differences", differences}};
 }
 
+nlohmann::json compare_run_log(const nlohmann::json& plan, const RunLog& log, bool force) {
+  if (log.format == "ftexec-measured/1") {
+    nlohmann::json c = compare_json(plan, log.measured, force);
+    c["run"] = {{"path", log.path}, {"format", log.format}};
+    return c;
+  }
+  if (!plan.is_object() || !plan.contains("predicted") || !plan["predicted"].is_object())
+    fail_input("plan: no \"predicted\" object (write the plan with `ftplan plan -o plan.json`)");
+  const auto& p = plan["predicted"];
+  nlohmann::json rows = nlohmann::json::array();
+  nlohmann::json notes = nlohmann::json::array();
+
+  // The job check, on what the log names.
+  nlohmann::json named = {{"job", log.job.is_object() ? log.job : nlohmann::json::object()}};
+  if (log.candidate.is_object()) named["candidate"] = log.candidate;
+  if (log.world_size) named["world_size"] = *log.world_size;
+  const std::vector<std::string> differences = job_differences(plan, named);
+  if (!differences.empty() && !force) {
+    std::string msg = log.path + ": a run of a different job than the plan (";
+    for (size_t i = 0; i < differences.size(); ++i) msg += (i ? "; " : "") + differences[i];
+    fail_input(msg + "); --force compares them anyway");
+  }
+  for (const auto& d : differences) notes.push_back("compared with --force although the run differs: " + d);
+
+  // Memory: each figure against the prediction of the same thing.
+  const nlohmann::json m = p.contains("memory_per_gpu_bytes") && p["memory_per_gpu_bytes"].is_object()
+                               ? p["memory_per_gpu_bytes"]
+                               : nlohmann::json::object();
+  struct MemoryFigure {
+    const char* figure;
+    const char* predicted_key;
+    std::optional<double> measured;
+    bool show_missing;
+  };
+  const MemoryFigure memory[] = {
+      {"peak allocated (max_memory_allocated)", "allocated_peak", log.allocated_peak_bytes, true},
+      {"peak active (vs allocated)", "allocated_peak", log.active_peak_bytes, false},
+      {"peak reserved (max_memory_reserved)", "reserved_peak", log.reserved_peak_bytes, true},
+      {"device memory (nvidia-smi)", "device_peak", log.device_peak_bytes, true},
+  };
+  for (const auto& f : memory) {
+    const auto predicted = number_at(m, f.predicted_key);
+    if (!predicted) {
+      if (f.measured) notes.push_back(std::string("the plan predicts no ") + f.predicted_key + " (a plan from an older ftplan)");
+      continue;
+    }
+    if (f.measured) add_row(rows, f.figure, "bytes", *predicted, *f.measured);
+    else if (f.show_missing) add_missing_row(rows, f.figure, "bytes", *predicted);
+  }
+  if (log.active_peak_bytes)
+    notes.push_back("active (memory_stats active_bytes.all.peak: allocated blocks plus those freed but still awaited "
+                    "by a stream, so at least allocated) is compared with the predicted allocated peak, the nearest "
+                    "figure the planner has");
+  if (m.contains("peak_phase") && m["peak_phase"].is_string() && m["peak_phase"] != "step")
+    notes.push_back("the predicted peaks are in the " + m["peak_phase"].get<std::string>() +
+                    " phase; logged step peaks may exclude loading and saving");
+
+  // Time.
+  const double gpus = plan_gpus(plan);
+  const auto tokens_per_sample = plan_tokens_per_sample(plan);
+  const auto predicted_tokens_per_step = number_at(p, "tokens_per_step");
+  std::optional<double> step_time = log.step_time_s;
+  if (!step_time && log.samples_per_s && tokens_per_sample && predicted_tokens_per_step && *log.samples_per_s > 0) {
+    const double samples_per_step = *predicted_tokens_per_step / *tokens_per_sample;
+    step_time = samples_per_step / *log.samples_per_s;
+    notes.push_back("step_time_s: the plan's " + format_fixed(samples_per_step, 0) + " samples per step / the log's " +
+                    format_fixed(*log.samples_per_s, 3) + " samples/s");
+  }
+  std::optional<double> tokens = log.tokens_per_s;
+  if (!tokens && log.tokens_per_s_per_gpu) {
+    tokens = *log.tokens_per_s_per_gpu * gpus;
+    notes.push_back("tokens_per_s: the log's " + format_fixed(*log.tokens_per_s_per_gpu, 1) + " tokens/s per GPU x the plan's " +
+                    format_fixed(gpus, 0) + " GPU(s)");
+  } else if (!tokens && log.samples_per_s && tokens_per_sample) {
+    tokens = *log.samples_per_s * *tokens_per_sample;
+    notes.push_back("tokens_per_s: the log's " + format_fixed(*log.samples_per_s, 3) + " samples/s x the plan's " +
+                    format_fixed(*tokens_per_sample, 0) + " tokens per sample");
+  }
+  for (const auto& [key, unit, measured] : std::vector<std::tuple<const char*, const char*, std::optional<double>>>{
+           {"step_time_s", "s", step_time}, {"tokens_per_s", "tokens/s", tokens}}) {
+    const auto predicted = number_at(p, key);
+    if (!predicted) continue;
+    if (measured) add_row(rows, key, unit, *predicted, *measured);
+    else add_missing_row(rows, key, unit, *predicted);
+  }
+
+  // Loss: the planner predicts none; what the log holds, for the record.
+  if (!log.loss.empty()) {
+    const auto& a = log.loss.front();
+    const auto& b = log.loss.back();
+    notes.push_back("loss: " + std::to_string(log.loss.size()) + " logged values, " + format_fixed(a.second, 4) + " at step " +
+                    std::to_string(a.first) + " to " + format_fixed(b.second, 4) + " at step " + std::to_string(b.first) +
+                    " (not predicted)");
+  }
+  for (const auto& n : log.notes) notes.push_back(n);
+  std::string missing;
+  for (const auto& f : log.missing) missing += (missing.empty() ? "" : ", ") + f;
+  if (!missing.empty()) notes.push_back("not in the log: " + missing);
+  nlohmann::json loss = nlohmann::json::array();
+  for (const auto& [step, value] : log.loss) loss.push_back({step, value});
+  return {{"rows", rows},
+          {"notes", notes},
+          {"differences", differences},
+          {"run", {{"path", log.path}, {"format", log.format}, {"missing", log.missing}, {"loss", loss}}}};
+}
+
 std::string compare_report(const nlohmann::json& plan, const nlohmann::json& measured, bool force) {
   return compare_table(compare_json(plan, measured, force));
 }
 
 std::string compare_table(const nlohmann::json& c) {
   std::ostringstream out;
-  out << std::left << std::setw(34) << "figure" << std::right << std::setw(20) << "predicted" << std::setw(20)
-      << "measured" << std::setw(11) << "error %" << "\n";
+  out << std::left << std::setw(40) << "figure" << std::right << std::setw(20) << "predicted" << std::setw(20)
+      << "measured" << std::setw(12) << "error %" << "\n";
   for (const auto& r : c["rows"]) {
     const std::string unit = r["unit"];
-    out << std::left << std::setw(34) << r["figure"].get<std::string>() << std::right << std::setw(20)
-        << format_value(r["predicted"].get<double>(), unit) << std::setw(20) << format_value(r["measured"].get<double>(), unit)
-        << std::setw(11) << (r["error_pct"].is_null() ? std::string("n/a") : format_fixed(r["error_pct"].get<double>(), 1))
+    out << std::left << std::setw(40) << r["figure"].get<std::string>() << std::right << std::setw(20)
+        << format_value(r["predicted"].get<double>(), unit) << std::setw(20)
+        << (r["measured"].is_number() ? format_value(r["measured"].get<double>(), unit) : std::string("missing"))
+        << std::setw(12)
+        << (r.contains("missing") ? std::string("-")
+            : r["error_pct"].is_null() ? std::string("n/a")
+                                       : format_fixed(r["error_pct"].get<double>(), 1))
         << "\n";
   }
   if (c["rows"].empty()) out << "(no figure is in both files)\n";

@@ -7,6 +7,11 @@
 //           (the planner's most loaded rank)
 //   time:   step_time_s, tokens_per_s, mfu; comm_bytes_per_step when the run measured it, and a note
 //           with the measured bytes by collective (all_reduce, reduce_scatter, all_gather, send)
+// Other stacks' logs (run_logs.h: HF trainer_state.json, torchtune, DeepSpeed, accelerate, plain
+// CSV/JSON) go through compare_run_log: each memory figure against the matching prediction
+// (max_memory_allocated and torchtune's active against allocated_peak, max_memory_reserved against
+// reserved_peak, nvidia-smi against device_peak), step_time_s, tokens_per_s, and a "missing" row
+// for each of those the log lacks.
 #pragma once
 
 #include <string>
@@ -15,6 +20,8 @@
 #include <nlohmann/json.hpp>
 
 namespace ftplan {
+
+struct RunLog;
 
 // The plan's prediction redone for another framework profile (the run's: ftexec for ftexec's
 // measurements): its job and candidate as written, the profile's behaviour. InputError when the
@@ -30,6 +37,13 @@ std::vector<std::string> job_differences(const nlohmann::json& plan, const nlohm
 //  "notes": [..], "differences": [..]}; InputError when either file lacks the object it must have,
 // and, unless `force`, when the run is of a different job (naming every field that differs).
 nlohmann::json compare_json(const nlohmann::json& plan, const nlohmann::json& measured, bool force = false);
+
+// The plan beside one run log of any format: ftexec's measured.json as compare_json; the others
+// {"rows": [...; a figure the log lacks has "measured": null, "missing": true], "notes", "differences",
+//  "run": {"path", "format", "missing", "loss": [[step, loss], ...]}}. The job check of compare_json
+// applies to what the log names (model and shape for plain JSON with "job"; only the micro-batch for
+// HF's trainer_state.json; nothing for torchtune, DeepSpeed, accelerate and CSV, said in a note).
+nlohmann::json compare_run_log(const nlohmann::json& plan, const RunLog& log, bool force = false);
 
 // The rows as a table "figure | predicted | measured | error %", then the notes.
 std::string compare_report(const nlohmann::json& plan, const nlohmann::json& measured, bool force = false);
