@@ -37,7 +37,7 @@ void BM_EvaluateCandidate(benchmark::State& state) {
   std::vector<Candidate> candidates;
   for (Strategy s : all_strategies())
     for (int64_t b : {1, 2, 4, 8, 16, 32, 64})
-      for (Checkpointing c : {Checkpointing::none, Checkpointing::full}) candidates.push_back({s, b, c, Attention::fused});
+      for (Checkpointing c : {Checkpointing::none, Checkpointing::full}) candidates.push_back(preset_candidate(s, f.setup.num_gpus, f.hw, b, c, Attention::fused));
   size_t i = 0;
   double sink = 0;
   for (auto _ : state) {

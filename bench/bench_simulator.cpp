@@ -27,8 +27,7 @@ StepInputs llama_like(Strategy strategy, int num_gpus, int blocks, double block_
   constexpr double flops_per_s = 400e12;  // H100 bf16 dense at ~40% of peak
   constexpr double link_bytes_per_s = 40e9;
   StepInputs in;
-  in.strategy = strategy;
-  in.num_gpus = num_gpus;
+  set_preset(in, strategy, num_gpus);
   in.micro_batches = micro_batches;
   auto unit = [&](const std::string& name, double params, bool checkpointable) {
     LayerCost l;
@@ -146,7 +145,7 @@ void BM_simulate_from_plan(benchmark::State& state, std::string model_name, std:
   setup.seq_len = 4096;
   for (auto _ : state) {
     const PlanContext ctx = prepare_plan(model, hw, setup, gpus);
-    auto s = simulate_step(step_inputs_from_plan(ctx, {strategy, 1, Checkpointing::full, Attention::fused}));
+    auto s = simulate_step(step_inputs_from_plan(ctx, preset_candidate(strategy, gpus, hw, 1, Checkpointing::full, Attention::fused)));
     benchmark::DoNotOptimize(s.schedule.step_time_s);
   }
 }

@@ -45,7 +45,7 @@ nlohmann::json load_plan(const std::string& path, std::string& planned_here) {
   const PlanResult result = plan_job(job.model, job.hardware, job.setup, Objective::time);
   if (!result.recommended) fail_input(path + ": no plan of this job fits: nothing to compare");
   const RankedCandidate& c = *result.recommended;
-  planned_here = "planned here from the job file " + path + ": " + to_string(c.candidate.strategy) + ", micro-batch " +
+  planned_here = "planned here from the job file " + path + ": " + c.candidate.name + ", micro-batch " +
                  std::to_string(c.candidate.micro_batch) + ", checkpointing " + to_string(c.candidate.checkpointing) +
                  " on " + std::to_string(c.gpus_used) + " x " + job.hardware.id;
   return plan_file_json(job.model, job.hardware, job.setup, c);

@@ -31,11 +31,11 @@ void rerank_with_simulator(const LoadedJob& job, PlanResult& plan) {
   if (plan.candidates.empty()) return;
   // The finalists: each strategy's best feasible candidate by the closed form, re-timed by the
   // simulator (its step time and exposed communication replace the closed form's).
-  const PlanContext ctx = prepare_plan(job.model, job.hardware, job.setup, job.setup.num_gpus);
   std::vector<RankedCandidate> finalists;
   for (const auto& o : plan.strategies)
     if (o.feasible) finalists.push_back(o.best);
   for (auto& f : finalists) {
+    const PlanContext ctx = prepare_plan(job.model, job.hardware, job.setup, job.setup.num_gpus, shard_shape(f.candidate.parallel));
     const sim::StepSimulation s = sim::simulate_step(sim::step_inputs_from_plan(ctx, f.candidate));
     const double scale = s.schedule.step_time_s / f.step.step_time_s;
     f.step.step_time_s = s.schedule.step_time_s;
@@ -51,7 +51,7 @@ void rerank_with_simulator(const LoadedJob& job, PlanResult& plan) {
   sort_by_rank(finalists);
   for (auto& o : plan.strategies)
     for (const auto& f : finalists)
-      if (f.candidate.strategy == o.strategy) o.best = f;
+      if (f.candidate.parallel == o.parallel) o.best = f;
   plan.candidates = finalists;
   explain_plan(plan, job.setup.num_gpus);
   plan.reason = "ranked by the simulated step: " + plan.reason;
@@ -61,7 +61,7 @@ int run_simulate(const SimulateOptions& o) {
   if (!o.trace.empty()) check_output_path(o.trace, "--trace");
   const LoadedJob job = load_job(o.job);
   const Candidate candidate = chosen_candidate(job);
-  const PlanContext ctx = prepare_plan(job.model, job.hardware, job.setup, job.setup.num_gpus);
+  const PlanContext ctx = prepare_plan(job.model, job.hardware, job.setup, job.setup.num_gpus, shard_shape(candidate.parallel));
   const sim::StepInputs inputs = sim::step_inputs_from_plan(ctx, candidate);
   const sim::StepSimulation s = sim::simulate_step(inputs);
   const StepEstimate closed = estimate_step(ctx, candidate);
@@ -69,7 +69,8 @@ int run_simulate(const SimulateOptions& o) {
   if (!o.trace.empty()) write_output(o.trace, sim::chrome_trace_json(s.graph, s.schedule).dump(), "--trace");
 
   nlohmann::json summary = sim::simulation_summary_json(inputs, s);
-  summary["candidate"] = {{"strategy", to_string(candidate.strategy)},
+  summary["candidate"] = {{"strategy", candidate.name},
+                          {"parallel", parallelism_json(candidate.parallel)},
                           {"micro_batch", candidate.micro_batch},
                           {"checkpointing", to_string(candidate.checkpointing)},
                           {"attention", to_string(candidate.attention)},
@@ -84,7 +85,7 @@ int run_simulate(const SimulateOptions& o) {
     return 0;
   }
   std::ostringstream out;
-  out << job.model.name << ", " << to_string(candidate.strategy) << " on " << ctx.num_gpus << "x " << job.hardware.id
+  out << job.model.name << ", " << candidate.name << " on " << ctx.num_gpus << "x " << job.hardware.id
       << ", micro-batch " << candidate.micro_batch << ", grad-accum " << job.setup.grad_accum << ", checkpointing "
       << to_string(candidate.checkpointing) << "\n";
   if (s.coarsening.applied) out << "note: " << s.coarsening.note << "\n";

@@ -3,6 +3,7 @@
 
 #include "cli/commands.h"
 #include "planner/errors.h"
+#include "planner/job_fields.h"
 #include "planner/sweep.h"
 
 namespace ftplan::cli {
@@ -29,6 +30,9 @@ int run_sweep(const SweepOptions& o) {
   const std::vector<std::string> ids = o.gpu_types.empty() ? std::vector<std::string>{} : split(o.gpu_types);
   for (const auto& id : ids.empty() ? list_hardware_ids() : ids) {
     HardwareSpec hw = load_hardware(id);
+    TrainingSetup topology = job.setup;  // --gpus-per-node applies to every GPU type swept
+    topology.nodes.reset();
+    apply_topology(topology, hw);
     if (hw.kind == "gpu") gpus.push_back(hw);
   }
   std::vector<int64_t> counts;

@@ -36,7 +36,9 @@ LoadedJob load_job(const JobOptions& o) {
   job.model = load_model(s.model);
   apply_model(s, job.model);
   job.hardware = load_hardware(s.gpu);
+  apply_topology(s, job.hardware);
   validate_job(s, job.model, o.job_file);
+  validate_layout(s, job.model, job.hardware, o.job_file);
   job.setup = s;
   return job;
 }

@@ -25,9 +25,13 @@ ftplan::TrainingSetup setup_from_plan(const nlohmann::json& plan, const std::str
     const auto& c = plan.at("candidate");
     const std::string cw = where + ": candidate";
     if (!c.is_object()) ftplan::fail_input(cw + ": expected an object");
-    ftplan::require_known_keys(c, {"strategy", "micro_batch", "checkpointing", "attention", "activation_offload", "gpus"}, cw);
-    for (auto it = c.begin(); it != c.end(); ++it)
+    ftplan::require_known_keys(c, {"strategy", "parallel", "micro_batch", "checkpointing", "attention", "activation_offload", "gpus"}, cw);
+    for (auto it = c.begin(); it != c.end(); ++it) {
+      // "parallel" describes the layout the job's strategy or parallel key already fixes; a
+      // composition's "strategy" is its --parallel string, not a preset.
+      if (it.key() == "parallel" || (it.key() == "strategy" && setup.parallel)) continue;
       ftplan::apply_job_field(setup, ftplan::field_by_key(it.key()), *it, cw + ": " + it.key());
+    }
   }
   return setup;
 }
@@ -41,6 +45,9 @@ ExecJob make_exec_job(const ftplan::TrainingSetup& setup_in, const std::string& 
   s.device = job.device.substr(0, 4) == "cuda" ? "cuda" : job.device;
   if (!s.micro_batch) s.micro_batch = 1;
   if (!s.checkpointing) s.checkpointing = ftplan::Checkpointing::none;
+  // A --parallel layout equal to a preset runs as that preset; compositions are refused below.
+  if (!s.strategy && s.parallel)
+    if (const auto p = ftplan::preset_of(*s.parallel)) s.strategy = *p;
   if (!s.strategy) s.strategy = ftplan::Strategy::single;
   if (!s.attention) s.attention = ftplan::Attention::eager;
 

@@ -68,81 +68,107 @@ bool keeps_role_input(const ActivationInputs& in, const std::vector<LinearShape>
 
 }  // namespace
 
-int64_t block_activation_bytes(const ModelSpec& m, const ActivationInputs& in) {
+int64_t split_activation_bytes(const ActivationTerms& t, int64_t tp, bool sequence_parallel, int64_t cp) {
+  const double seq_div = double(std::max<int64_t>(1, cp)) * double(sequence_parallel ? std::max<int64_t>(1, tp) : 1);
+  const double cp_div = double(std::max<int64_t>(1, cp));
+  return saturate(t.sequence / seq_div + (t.tensor + t.replicated) / cp_div);
+}
+
+ActivationTerms block_activation_terms(const ModelSpec& m, const ActivationInputs& in) {
   const double a = activation_bytes(in.precision);
   const double r = in.residual_bytes;
   const double T = static_cast<double>(in.micro_batch) * in.seq_len;
-  const double h = m.hidden_size, q = m.q_dim(), i = m.intermediate_size;
-  const double kv = in.gqa_kv_repeated ? q : m.kv_dim();
-  const double scores = static_cast<double>(in.micro_batch) * m.num_heads * in.seq_len * in.seq_len;
-  const double lse = 4.0 * in.micro_batch * m.num_heads * in.seq_len;
+  const int64_t tp = std::max<int64_t>(1, in.tp);
+  const double h = m.hidden_size;
+  // One tensor-parallel rank's heads and MLP columns; KV heads fewer than tp are replicated.
+  const double heads = double(m.num_heads) / tp, q = double(m.q_dim()) / tp, i = double(m.intermediate_size) / tp;
+  const double kv_heads = m.num_kv_heads >= tp ? double(m.num_kv_heads) / tp : 1.0;
+  const double kv_dim = kv_heads * m.head_dim;
+  const double kv = in.gqa_kv_repeated ? q : kv_dim;
+  const double scores = static_cast<double>(in.micro_batch) * heads * in.seq_len * in.seq_len;
+  const double lse = 4.0 * in.micro_batch * heads * in.seq_len;
   const std::vector<LinearShape> linears = block_linears(m);
+  const std::vector<LinearShape> rank_linears = block_linears(m, tp);
+  auto column = [](const LinearShape& l) { return l.role == LinearRole::attention_in || l.role == LinearRole::mlp_in; };
+  ActivationTerms t;
   // torchtitan's op-level selective checkpointing: the block input, every second matmul's output
   // (q_proj, v_proj, gate_proj, down_proj in forward order), the attention kernel's output and
   // log-sum-exp; everything else is recomputed from them (LoRA adapters included).
   if (in.selective && in.selective_every_second_matmul) {
-    double saved = 0;
-    for (size_t k = 0; k < linears.size(); k += 2) saved += linears[k].out_features;
-    return saturate(r * T * h + a * T * saved + a * T * q + lse);
+    t.sequence = r * T * h;
+    for (size_t k = 0; k < linears.size(); k += 2)
+      (column(linears[k]) ? t.tensor : t.sequence) += a * T * (column(linears[k]) ? rank_linears[k].out_features : linears[k].out_features);
+    t.tensor += a * T * q + lse;
+    return t;
   }
 
   // The block's RMSNorms of hidden_size (Llama: two; Gemma: four; OLMo 2: two, after each sublayer).
-  double bytes = m.block_norms() * norm_bytes(m, in, T, h, 1, r);
+  t.sequence += m.block_norms() * norm_bytes(m, in, T, h, 1, r);
   // q/k RMSNorms on the projections' outputs: per head (Qwen3, Gemma 3: an rstd per head) or over the
   // whole projection (OLMo 2: one rstd per token).
   if (m.qk_norm == QkNorm::per_head)
-    bytes += norm_bytes(m, in, T, q, m.num_heads, a) + norm_bytes(m, in, T, m.kv_dim(), m.num_kv_heads, a);
+    t.tensor += norm_bytes(m, in, T, q, heads, a) + norm_bytes(m, in, T, kv_dim, kv_heads, a);
   if (m.qk_norm == QkNorm::whole_projection)
-    bytes += norm_bytes(m, in, T, q, 1, a) + norm_bytes(m, in, T, m.kv_dim(), 1, a);
+    t.tensor += norm_bytes(m, in, T, q, 1, a) + norm_bytes(m, in, T, kv_dim, 1, a);
   // The input each group of linears shares (the norm's output; OLMo 2: the residual stream), kept when
   // one of them trains.
-  if (keeps_role_input(in, linears, LinearRole::attention_in)) bytes += a * T * h;
-  if (keeps_role_input(in, linears, LinearRole::mlp_in)) bytes += a * T * h;
+  if (keeps_role_input(in, linears, LinearRole::attention_in)) t.sequence += a * T * h;
+  if (keeps_role_input(in, linears, LinearRole::mlp_in)) t.sequence += a * T * h;
   // Attention. Soft-capped scores (Gemma 2) keep tanh's output under eager attention; the fused
   // kernels cap inside. A sliding window does not shrink eager attention: transformers computes the
   // full S x S scores and masks the window (gemma2 eager_attention_forward), so local layers keep the
   // same tensors as global ones.
   if (in.attention == Attention::fused) {
-    bytes += a * T * (q + 2 * kv) + a * T * q + (in.selective ? 0 : lse);
+    t.tensor += a * T * (q + 2 * kv) + a * T * q + (in.selective ? 0 : lse);
   } else {
     const double capped = m.attn_logit_softcapping > 0 ? a * scores : 0;
-    bytes += 3 * a * T * q + (in.selective ? 0 : 4 * scores + (a == 2 ? 2 * scores : 0) + capped);
+    t.tensor += 3 * a * T * q + (in.selective ? 0 : 4 * scores + (a == 2 ? 2 * scores : 0) + capped);
   }
   // A fused qkv_proj (Phi-3): v is a view into the projection's output, so where attention saves v as
   // it comes (not copied by repeat_kv: one kv head per query head, or a fused kernel given the kv heads)
   // the q and k parts of that output stay alive too.
   if (m.fused_qkv) {
     const bool copied = m.num_kv_heads < m.num_heads && (in.attention == Attention::eager || in.gqa_kv_repeated);
-    if (!copied) bytes += a * T * (q + m.kv_dim());
+    if (!copied) t.tensor += a * T * (q + kv_dim);
   }
-  if (keeps_role_input(in, linears, LinearRole::attention_out)) bytes += a * T * q;
+  if (keeps_role_input(in, linears, LinearRole::attention_out)) t.tensor += a * T * q;
   // Gated MLP (SwiGLU or GeGLU): gate, act(gate), up; the product feeds down_proj. A fused gate_up_proj
   // keeps the same bytes: its output (2·i, held by the gate and up views) and act(gate). Compiled:
   // gate and up only.
   if (in.compile) {
-    bytes += 2 * a * T * i;
+    t.tensor += 2 * a * T * i;
   } else {
-    bytes += 3 * a * T * i;
-    if (keeps_role_input(in, linears, LinearRole::mlp_out)) bytes += a * T * i;
+    t.tensor += 3 * a * T * i;
+    if (keeps_role_input(in, linears, LinearRole::mlp_out)) t.tensor += a * T * i;
   }
-  // LoRA adapters.
+  // LoRA adapters: A's rank-r output is whole on every tensor-parallel rank (A is replicated on a
+  // column-parallel linear; on a row-parallel one its partial outputs are all-reduced); with dropout,
+  // the dropped-out input (the shared input of a column-parallel linear, one rank's columns of a
+  // row-parallel one) and its mask.
   if (in.method != Method::full) {
-    for (const auto& lin : linears) {
+    for (size_t k = 0; k < linears.size(); ++k) {
+      const auto& lin = linears[k];
       if (!contains(in.lora.targets, lin.name)) continue;
-      bytes += a * T * in.lora.rank;
-      if (in.lora.dropout > 0.0) bytes += (a + 1) * T * lin.in_features;
+      t.replicated += a * T * in.lora.rank;
+      if (in.lora.dropout > 0.0)
+        (column(lin) ? t.sequence : t.tensor) += (a + 1) * T * (column(lin) ? lin.in_features : rank_linears[k].in_features);
     }
   }
-  return saturate(bytes);
+  return t;
+}
+
+int64_t block_activation_bytes(const ModelSpec& m, const ActivationInputs& in) {
+  return split_activation_bytes(block_activation_terms(m, in), in.tp, in.sequence_parallel, in.cp);
 }
 
 int64_t head_activation_bytes(const ModelSpec& m, const ActivationInputs& in) {
   const double a = activation_bytes(in.precision);
   const double T = static_cast<double>(in.micro_batch) * in.seq_len;
   const double h = m.hidden_size;
-  double bytes = norm_bytes(m, in, T, h, 1, in.residual_bytes);  // final RMSNorm
-  if (base_trains(in)) bytes += a * T * h;                        // lm_head input
-  return saturate(bytes);
+  ActivationTerms t;
+  t.sequence = norm_bytes(m, in, T, h, 1, in.residual_bytes);  // final RMSNorm
+  if (base_trains(in)) t.sequence += a * T * h;                 // lm_head input
+  return split_activation_bytes(t, in.tp, in.sequence_parallel, in.cp);
 }
 
 int64_t activation_bytes_for_layers(const ModelSpec& m, const ActivationInputs& in, int64_t num_layers,

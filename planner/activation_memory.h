@@ -68,7 +68,28 @@ struct ActivationInputs {
   bool selective_every_second_matmul = false;  // torchtitan's op-level policy instead of the attention core
   bool quantized_saves_input = false;  // QLoRA: each 4-bit matmul keeps its input (bitsandbytes < 0.43.2)
   int residual_bytes = 2;        // the residual stream's element: 4 under fp32, and under amp with autocast
+  // One rank's share under tensor (tp, with sequence_parallel) and context (cp) parallelism.
+  int64_t tp = 1;
+  bool sequence_parallel = false;
+  int64_t cp = 1;
 };
+
+// One block's saved bytes by how tensor and context parallelism split them (Korthikanti et al. 2022,
+// sec. 4.2): `sequence` are per-token tensors outside the tensor-parallel region (norm inputs, the
+// residual stream, the inputs the column-parallel linears share): whole on every TP rank, split by
+// tp only under sequence parallelism; `tensor` are inside it (q, k, v, scores, attention output, MLP
+// intermediates), already one TP rank's share; `replicated` are per-token but whole on every TP rank
+// even under sequence parallelism (LoRA's rank-r A outputs). Context parallelism splits them all by cp.
+struct ActivationTerms {
+  double sequence = 0;
+  double tensor = 0;
+  double replicated = 0;
+};
+// The bytes one rank keeps: sequence / (cp · (sp ? tp : 1)) + tensor / cp + replicated / cp.
+int64_t split_activation_bytes(const ActivationTerms& terms, int64_t tp, bool sequence_parallel, int64_t cp);
+
+// The terms of one decoder block (tp = cp = 1 in `in`: the whole block).
+ActivationTerms block_activation_terms(const ModelSpec& model, const ActivationInputs& in);
 
 // How the framework shapes a block's saved tensors (from its profile).
 struct ActivationFramework {
@@ -82,7 +103,7 @@ struct ActivationFramework {
 ActivationInputs activation_inputs(const TrainingSetup& setup, int64_t micro_batch, Attention attention,
                                    const ActivationFramework& framework = {}, bool selective = false);
 
-// Bytes one decoder block keeps for backward, no checkpointing.
+// Bytes one decoder block keeps for backward, no checkpointing, on one rank of in.tp x in.cp.
 int64_t block_activation_bytes(const ModelSpec& model, const ActivationInputs& in);
 
 // Bytes kept by the final RMSNorm and lm_head input (the loss itself is separate).

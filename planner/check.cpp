@@ -64,7 +64,7 @@ std::vector<LimitVerdict> judge_plan(const RankedCandidate& r, const HardwareSpe
 CheckResult check_plan(const PlanResult& plan, const HardwareSpec& hw, const TrainingSetup& setup,
                        const CheckLimits& limits, bool any) {
   CheckResult c;
-  c.mode = any ? "any" : setup.strategy ? "strategy" : "recommended";
+  c.mode = any ? "any" : setup.strategy || setup.parallel ? "strategy" : "recommended";
   c.candidates_feasible = static_cast<int64_t>(plan.candidates.size());
   std::optional<RankedCandidate> first_meeting;
   for (const auto& cand : plan.candidates) {  // best first
@@ -111,7 +111,7 @@ nlohmann::json check_json(const CheckResult& c, const PlanResult& plan, const Ha
   j["limits"] = limits;
   if (!c.judged) {
     nlohmann::json reasons = nlohmann::json::array();
-    for (const auto& s : plan.strategies) reasons.push_back({{"strategy", to_string(s.strategy)}, {"verdict", s.verdict}});
+    for (const auto& s : plan.strategies) reasons.push_back({{"strategy", s.name}, {"verdict", s.verdict}});
     j["strategies"] = reasons;
   }
   return j;
@@ -121,13 +121,13 @@ std::string check_report(const CheckResult& c, const PlanResult& plan, const Har
   std::ostringstream out;
   if (!c.judged) {
     out << "FAIL memory: no plan fits " << setup.num_gpus << "x " << hw.id << "\n";
-    for (const auto& s : plan.strategies) out << "  " << to_string(s.strategy) << ": " << s.verdict << "\n";
+    for (const auto& s : plan.strategies) out << "  " << s.name << ": " << s.verdict << "\n";
     out << c.summary << "\n";
     return out.str();
   }
   const RankedCandidate& r = *c.judged;
   out << "plan" << (c.mode == "any" ? " (best meeting the limits)" : c.mode == "strategy" ? " (fixed strategy)" : "")
-      << ": " << to_string(r.candidate.strategy) << " on " << r.gpus_used << "x " << hw.id << ", micro-batch "
+      << ": " << r.candidate.name << " on " << r.gpus_used << "x " << hw.id << ", micro-batch "
       << r.candidate.micro_batch << ", checkpointing " << to_string(r.candidate.checkpointing) << "\n";
   for (const auto& v : c.verdicts) out << (v.ok ? "ok   " : "FAIL ") << v.limit << ": " << v.detail << "\n";
   out << c.summary << "\n";

@@ -43,24 +43,44 @@ double collective_time_s(Collective c, double bytes, int64_t n, double bandwidth
   return latency_s * steps + wire_bytes(c, bytes, n) / (bandwidth * efficiency);
 }
 
-Interconnect interconnect_for(const HardwareSpec& hw, int64_t num_gpus) {
+Interconnect interconnect_for(const HardwareSpec& hw, int64_t num_gpus) { return group_interconnect(hw, num_gpus, 1, num_gpus); }
+
+Interconnect group_interconnect(const HardwareSpec& hw, int64_t size, int64_t stride, int64_t job_gpus) {
   Interconnect net;
-  net.num_gpus = std::max<int64_t>(1, num_gpus);
-  net.gpus_per_node = std::min(net.num_gpus, hw.gpus_per_node);
-  net.nodes = (net.num_gpus + hw.gpus_per_node - 1) / hw.gpus_per_node;
+  const int64_t g = std::max<int64_t>(1, hw.gpus_per_node);
+  size = std::max<int64_t>(1, size);
+  stride = std::max<int64_t>(1, stride);
+  net.num_gpus = size;
+  // Members of one group on one node: consecutive ranks `stride` apart while they stay on the node.
+  const int64_t per_node = stride >= g ? 1 : std::max<int64_t>(1, std::min(size, g / stride));
+  net.gpus_per_node = per_node;
+  net.nodes = (size + per_node - 1) / per_node;
   net.inter_bandwidth_bytes_per_s = hw.inter_node_bandwidth_bytes_per_s;
   net.host_bandwidth_bytes_per_s = hw.pcie_host_bandwidth_bytes_per_s;
   net.latency_s = hw.comm_latency_s;
-  if (net.gpus_per_node >= 2) {
-    RingBandwidth ring = ring_bandwidth(hw.topology, net.gpus_per_node);
+  if (per_node >= 2) {
+    // Every group of this dimension on the first node runs its ring at once: group (block, offset)
+    // holds GPUs block + offset + i·stride; a stride-1 group is alone on its node.
+    const int64_t used = std::max<int64_t>(per_node * stride, std::min(std::max<int64_t>(job_gpus, 1), g));
+    std::vector<std::vector<int64_t>> rings;
+    for (int64_t block = 0; block + per_node * stride <= used; block += per_node * stride) {
+      for (int64_t offset = 0; offset < stride; ++offset) {
+        std::vector<int64_t> ring;
+        for (int64_t i = 0; i < per_node; ++i) ring.push_back(block + offset + i * stride);
+        rings.push_back(ring);
+      }
+      if (stride == 1) break;
+    }
+    RingBandwidth ring = concurrent_ring_bandwidth(hw.topology, rings);
     net.intra_bandwidth_bytes_per_s = ring.bytes_per_s;
     net.intra_bottleneck = ring.bottleneck;
-    // Neighbouring stages: the slowest neighbour pair (stage k and k+1 in index order).
-    double p2p = path_bandwidth(hw.topology, 0, 1);
-    for (int64_t k = 1; k + 1 < net.gpus_per_node; ++k) p2p = std::min(p2p, path_bandwidth(hw.topology, k, k + 1));
+    // Neighbouring stages: the slowest neighbour pair (member k and k+1 in index order).
+    double p2p = path_bandwidth(hw.topology, 0, stride);
+    for (int64_t k = 1; k + 1 < per_node; ++k) p2p = std::min(p2p, path_bandwidth(hw.topology, k * stride, (k + 1) * stride));
     net.p2p_bandwidth_bytes_per_s = net.nodes > 1 ? std::min(p2p, net.inter_bandwidth_bytes_per_s) : p2p;
   } else {
     net.intra_bandwidth_bytes_per_s = hw.intra_node_bandwidth_bytes_per_s;
+    // One member per node: neighbours are on other nodes.
     net.p2p_bandwidth_bytes_per_s = net.nodes > 1 ? net.inter_bandwidth_bytes_per_s : hw.intra_node_bandwidth_bytes_per_s;
   }
   return net;

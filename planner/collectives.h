@@ -45,6 +45,14 @@ struct Interconnect {
 };
 Interconnect interconnect_for(const HardwareSpec& hw, int64_t num_gpus);
 
+// The network one process group sees: `size` ranks `stride` apart, ranks numbered node by node
+// (gpus_per_node each). Members on one node talk over the node's topology, with every group of the
+// same dimension on that node running its ring at the same time (concurrent_ring_bandwidth); the
+// nodes a group spans talk over the inter-node network, each member on its own NIC share.
+// `job_gpus`: the job's GPUs (the groups beside this one). group_interconnect(hw, N, 1, N) is
+// interconnect_for(hw, N).
+Interconnect group_interconnect(const HardwareSpec& hw, int64_t size, int64_t stride, int64_t job_gpus);
+
 // Hierarchical across nodes: all-reduce = intra reduce-scatter, inter all-reduce of M/g, intra
 // all-gather; reduce-scatter and all-gather likewise in two levels. Inside one node: the ring.
 double collective_time_s(const Interconnect& net, Collective c, double bytes);

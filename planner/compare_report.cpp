@@ -85,6 +85,8 @@ std::optional<double> number_at(const nlohmann::json& j, const char* key) {
 double plan_gpus(const nlohmann::json& plan) {
   const nlohmann::json c = plan.contains("candidate") ? plan["candidate"] : nlohmann::json();
   if (c.is_object() && c.contains("strategy") && c["strategy"] == "single") return 1;
+  if (c.is_object() && c.contains("parallel") && c["parallel"].is_object())
+    if (auto g = number_at(c["parallel"], "gpus")) return *g;
   if (auto g = number_at(c, "gpus")) return *g;
   if (plan.contains("job"))
     if (auto g = number_at(plan["job"], "gpus")) return *g;
@@ -113,9 +115,10 @@ nlohmann::json plan_for_framework(const nlohmann::json& plan, const std::string&
   apply_framework(setup, framework_profile(framework));
   const ModelSpec model = load_model(setup.model);
   apply_model(setup, model);
-  const HardwareSpec hw = load_hardware(setup.gpu);
-  const Candidate c = candidate_from_setup(setup, setup.strategy.value_or(Strategy::single));
-  const PlanContext ctx = prepare_plan(model, hw, setup, setup.num_gpus);
+  HardwareSpec hw = load_hardware(setup.gpu);
+  apply_topology(setup, hw);
+  const Candidate c = candidate_from_setup(setup, hw);
+  const PlanContext ctx = prepare_plan(model, hw, setup, setup.num_gpus, shard_shape(c.parallel));
   nlohmann::json out = plan;
   out["job"]["framework"] = framework;
   out["predicted"] = ranked_candidate_json(evaluate_candidate(ctx, c, Objective::time, true));

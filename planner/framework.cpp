@@ -105,6 +105,41 @@ const std::vector<std::pair<std::string, Setter>>& leaves() {
       {"knobs.selective_checkpointing",
        [](P& p, const Json& v, const std::string& n) { p.offers_selective_checkpointing = boolean(v, n); }},
       {"knobs.compile", [](P& p, const Json& v, const std::string& n) { p.offers_compile = boolean(v, n); }},
+      {"parallelism.default_sharding",
+       [](P& p, const Json& v, const std::string& n) {
+         p.default_sharding = text(v, n);
+         if (p.default_sharding != "fsdp" && p.default_sharding != "zero3") fail_input(n + ": '" + p.default_sharding + "' is not fsdp or zero3");
+       }},
+      {"parallelism.tensor_parallel", [](P& p, const Json& v, const std::string& n) { p.offers_tensor_parallel = boolean(v, n); }},
+      {"parallelism.tensor_parallel_with_lora",
+       [](P& p, const Json& v, const std::string& n) { p.tensor_parallel_with_lora = boolean(v, n); }},
+      {"parallelism.sequence_parallel",
+       [](P& p, const Json& v, const std::string& n) {
+         p.sequence_parallel = text(v, n);
+         if (p.sequence_parallel != "never" && p.sequence_parallel != "optional" && p.sequence_parallel != "always")
+           fail_input(n + ": '" + p.sequence_parallel + "' is not never, optional or always");
+       }},
+      {"parallelism.context_parallel", [](P& p, const Json& v, const std::string& n) { p.offers_context_parallel = boolean(v, n); }},
+      {"parallelism.cp_mode",
+       [](P& p, const Json& v, const std::string& n) {
+         const std::string m = text(v, n);
+         if (m == "ring") p.cp_mode = ContextParallel::ring;
+         else if (m == "all_gather") p.cp_mode = ContextParallel::all_gather;
+         else fail_input(n + ": '" + m + "' is not ring or all_gather");
+       }},
+      {"parallelism.pipeline_parallel", [](P& p, const Json& v, const std::string& n) { p.offers_pipeline_parallel = boolean(v, n); }},
+      {"parallelism.pipeline_schedules",
+       [](P& p, const Json& v, const std::string& n) {
+         if (!v.is_array()) fail_input(n + ": expected a list of schedules, e.g. [\"1f1b\"]");
+         p.pipeline_schedules.clear();
+         for (const auto& x : v) {
+           const std::string t = text(x, n);
+           if (t == "gpipe") p.pipeline_schedules.push_back(PipelineSchedule::gpipe);
+           else if (t == "1f1b") p.pipeline_schedules.push_back(PipelineSchedule::one_f_one_b);
+           else if (t == "interleaved_1f1b") p.pipeline_schedules.push_back(PipelineSchedule::interleaved_1f1b);
+           else fail_input(n + ": '" + t + "' is not gpipe, 1f1b or interleaved_1f1b");
+         }
+       }},
       {"knobs.fsdp_versions",
        [](P& p, const Json& v, const std::string& n) {
          if (!v.is_array() || v.empty()) fail_input(n + ": expected a list of FSDP versions, e.g. [1, 2]");
@@ -249,6 +284,28 @@ void apply_framework(TrainingSetup& s, const FrameworkProfile& p) {
 
   std::vector<std::string> problems;
   const std::string fw = "--framework " + p.name;
+  // --parallel: dp_shard without shard= shards as the framework does; what it composes it must offer.
+  if (!s.parallel_text.empty()) s.parallel = parse_parallelism(s.parallel_text, "--parallel (parallel)", p.default_sharding);
+  if (s.parallel && s.strategy)
+    problems.push_back("--parallel " + s.parallel_text + " and --strategy " + to_string(*s.strategy) +
+                       ": give a composition or a preset, not both");
+  if (s.parallel) {
+    const Parallelism& q = *s.parallel;
+    if (q.tp > 1 && !p.offers_tensor_parallel) problems.push_back("--parallel tp=" + std::to_string(q.tp) + ": " + fw + " has no tensor parallelism");
+    if (q.tp > 1 && p.offers_tensor_parallel && s.method != Method::full && !p.tensor_parallel_with_lora)
+      problems.push_back("--parallel tp=" + std::to_string(q.tp) + " with --method " + to_string(s.method) + ": " + fw +
+                         " runs tensor parallelism for full fine-tuning only");
+    if (q.sequence_parallel && p.sequence_parallel == "never") problems.push_back("--parallel sp=1: " + fw + " has no sequence parallelism");
+    if (q.tp > 1 && !q.sequence_parallel && p.sequence_parallel == "always")
+      problems.push_back("--parallel tp=" + std::to_string(q.tp) + " without sp=1: " + fw + " always runs sequence parallelism with tensor parallelism");
+    if (q.cp > 1 && !p.offers_context_parallel) problems.push_back("--parallel cp=" + std::to_string(q.cp) + ": " + fw + " has no context parallelism");
+    const bool preset_pipeline = preset_of(q).has_value();  // mp, pipeline, pipeline_1f1b stay available everywhere
+    if (q.pp > 1 && !preset_pipeline && !p.offers_pipeline_parallel)
+      problems.push_back("--parallel pp=" + std::to_string(q.pp) + ": " + fw + " composes no pipeline parallelism");
+    if (q.pp > 1 && !preset_pipeline && p.offers_pipeline_parallel &&
+        std::find(p.pipeline_schedules.begin(), p.pipeline_schedules.end(), q.schedule) == p.pipeline_schedules.end())
+      problems.push_back("--parallel schedule=" + to_string(q.schedule) + ": " + fw + " does not run it");
+  }
   if (!p.losses.count(s.loss))
     problems.push_back("--loss " + to_string(s.loss) + ": " + fw + " does not offer it (it offers " + [&] {
                          std::string l;

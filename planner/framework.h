@@ -99,6 +99,16 @@ struct FrameworkProfile {
   bool offers_compile = false;
   std::vector<int64_t> fsdp_versions{1};
 
+  // Parallelism beyond data parallelism (planner/parallelism.h), and what sharded data parallelism means.
+  std::string default_sharding = "fsdp";  // dp_shard without shard=: "fsdp" or "zero3"
+  bool offers_tensor_parallel = false;
+  bool tensor_parallel_with_lora = false;
+  std::string sequence_parallel = "never";  // with tensor parallelism: "never", "optional", "always"
+  bool offers_context_parallel = false;
+  ContextParallel cp_mode = ContextParallel::all_gather;  // how its context parallelism exchanges K and V
+  bool offers_pipeline_parallel = false;    // pipelines composed with data parallelism, TP, CP
+  std::vector<PipelineSchedule> pipeline_schedules;
+
   std::map<std::string, std::string> sources;  // "section.key" -> where the value comes from
 };
 

@@ -106,6 +106,19 @@ const std::vector<Row>& rows() {
       text(FieldType::choice, "strategy", "--strategy", "single|mp|pipeline|pipeline_1f1b|ddp|zero1|zero2|zero3|fsdp|"
            "fsdp_shard_grad_op|fsdp_hybrid|zero2_offload|zero3_offload", "Fix the strategy (default: searched)", kJob,
            [](T& s, const F& f, const J& v, const S& n) { s.strategy = parse_strategy(field_text(f, v, n), n); }),
+      text(FieldType::text, "parallel", "--parallel", "",
+           "Fix a composition: degrees tp, sp, cp, pp, dp_replicate, dp_shard (+ shard=zero1|zero2|zero3|fsdp|"
+           "fsdp_shard_grad_op, schedule=gpipe|1f1b|interleaved_1f1b, virtual_stages, cp_mode=ring|all_gather, "
+           "offload=optimizer|optimizer+params), e.g. \"tp=8,pp=2,dp_shard=4\" (default: searched)", kJobPlan,
+           [](T& s, const F& f, const J& v, const S& n) {
+             s.parallel_text = field_text(f, v, n);
+             s.parallel = parse_parallelism(s.parallel_text, n);  // re-read by apply_framework
+           }),
+      integer("nodes", "--nodes", 1, 65536, "nodes", "Nodes in the job (gpus = nodes x gpus-per-node)", kJobPlan,
+              [](T& s, const F& f, const J& v, const S& n) { s.nodes = field_int(f, v, n); }),
+      integer("gpus_per_node", "--gpus-per-node", 1, 1024, "GPUs",
+              "GPUs per node (default: the hwdb entry's; at most its topology's)", kJobPlan,
+              [](T& s, const F& f, const J& v, const S& n) { s.gpus_per_node = field_int(f, v, n); }),
       integer("fsdp_version", "--fsdp-version", 1, 2, "", "PyTorch FSDP 1 (FlatParameter) or 2 (fully_shard) "
               "(default: the framework's)", kJobPlan,
               [](T& s, const F& f, const J& v, const S& n) { s.fsdp_version = field_int(f, v, n); }),
@@ -380,8 +393,52 @@ void validate_job(const TrainingSetup& s, const ModelSpec& model, const std::str
   fail_input(msg);
 }
 
+void apply_topology(TrainingSetup& s, HardwareSpec& hw) {
+  if (s.gpus_per_node) {
+    const int64_t in_topology = static_cast<int64_t>(std::count_if(
+        hw.topology.vertices.begin(), hw.topology.vertices.end(), [](const TopologyVertex& v) { return v.kind == "gpu"; }));
+    if (in_topology > 0 && *s.gpus_per_node > in_topology)
+      fail_input("--gpus-per-node (gpus_per_node) " + std::to_string(*s.gpus_per_node) + " > the " + std::to_string(in_topology) +
+                 " GPUs of " + hw.id + "'s node topology (hwdb/" + hw.id + ".json)");
+    hw.gpus_per_node = *s.gpus_per_node;
+    hw.nvlink_domain_size = std::min(hw.nvlink_domain_size, hw.gpus_per_node);
+  }
+  if (s.nodes) {
+    const int64_t gpus = *s.nodes * hw.gpus_per_node;
+    if (s.given.count("gpus") && s.num_gpus != gpus)
+      fail_input("--gpus (gpus) " + std::to_string(s.num_gpus) + " != --nodes (nodes) " + std::to_string(*s.nodes) + " x " +
+                 std::to_string(hw.gpus_per_node) + " GPUs per node = " + std::to_string(gpus));
+    s.num_gpus = gpus;
+  }
+}
+
+void validate_layout(const TrainingSetup& s, const ModelSpec& model, const HardwareSpec& hw, const std::string& where) {
+  std::vector<std::string> problems;
+  const Attention attention = s.attention.value_or(Attention::fused);
+  if (s.parallel) {
+    for (const auto& p : parallelism_problems(*s.parallel, model, s, s.num_gpus, attention)) problems.push_back("--parallel: " + p);
+  } else if (s.strategy && *s.strategy != Strategy::single) {
+    const Parallelism p = preset(*s.strategy, s.num_gpus, hw.gpus_per_node);
+    if (*s.strategy == Strategy::fsdp_hybrid && s.num_gpus > hw.gpus_per_node && s.num_gpus % hw.gpus_per_node != 0)
+      problems.push_back("--strategy fsdp_hybrid on --gpus " + std::to_string(s.num_gpus) + ": it shards over whole nodes of " +
+                         std::to_string(hw.gpus_per_node) + " GPUs (" + hw.id + "), so gpus must be a multiple of " +
+                         std::to_string(hw.gpus_per_node));
+    else
+      for (const auto& q : parallelism_problems(p, model, s, s.num_gpus, attention))
+        problems.push_back("--strategy " + to_string(*s.strategy) + ": " + q);
+  }
+  if (problems.empty()) return;
+  std::string msg = where.empty() ? "" : where + ": ";
+  for (size_t i = 0; i < problems.size(); ++i) msg += (i ? "; " : "") + problems[i];
+  fail_input(msg);
+}
+
 std::vector<std::string> exec_problems(const TrainingSetup& s, const ModelSpec& model) {
   std::vector<std::string> problems;
+  if (s.parallel && !preset_of(*s.parallel))
+    problems.push_back("--parallel (parallel) " + to_string(*s.parallel) +
+                       ": ftexec runs the thirteen presets (single, ddp, zero1-3, fsdp*, *_offload, mp, pipeline*), "
+                       "not compositions of tensor, context or pipeline parallelism with data parallelism yet");
   if (s.precision == Precision::mixed_fp32_grads)
     problems.push_back("--precision (precision) mixed-fp32-grads: ftexec runs fp32, bf16 and mixed");
   if (s.optimizer != Optimizer::adamw)

@@ -10,6 +10,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "planner/hardware_spec.h"
 #include "planner/model_spec.h"
 #include "planner/training_setup.h"
 
@@ -72,6 +73,17 @@ void apply_model(TrainingSetup& setup, const ModelSpec& model);
 // LoRA rank <= hidden size, tokens per micro-batch <= 2^32, a pipeline's stages <= layers, dataset
 // mean row length <= seq_len ... `where` prefixes the message (a file name, or "" for flags).
 void validate_job(const TrainingSetup& setup, const ModelSpec& model, const std::string& where = "");
+
+// The job's topology on its hardware: --gpus-per-node overrides the hwdb entry's GPUs per node (at
+// most its topology's GPUs), --nodes sets gpus = nodes x gpus-per-node (a --gpus that disagrees is an
+// InputError naming both).
+void apply_topology(TrainingSetup& setup, HardwareSpec& hw);
+
+// A fixed layout (--strategy or --parallel) checked against the job: degrees multiplying to the GPU
+// count, tp dividing the heads, pp within the layers, cp splitting the sequence ... every problem
+// naming its operands, in one InputError (exit 2). `where` prefixes the message.
+void validate_layout(const TrainingSetup& setup, const ModelSpec& model, const HardwareSpec& hw,
+                     const std::string& where = "");
 
 // What ftexec cannot run (an optimizer other than AdamW, fp32 gradient accumulation, a paged
 // optimizer, a sequence beyond the model's positions): one line each, empty when it can run it.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <sstream>
+#include <stdexcept>
 
 #include "planner/activation_memory.h"
 #include "planner/errors.h"
@@ -27,9 +28,11 @@ UnitParams operator+(UnitParams a, UnitParams b) {
   return {a.trainable + b.trainable, a.frozen + b.frozen, a.nf4 + b.nf4, a.nf4_bytes + b.nf4_bytes};
 }
 
-int64_t lora_params_per_layer(const ModelSpec& model, const LoraSpec& lora) {
+// One tensor-parallel rank's adapters: each split as its base linear is (A whole and B by output
+// columns on a column-parallel linear, A by input rows and B whole on a row-parallel one).
+int64_t lora_params_per_layer(const ModelSpec& model, const LoraSpec& lora, int64_t tp = 1) {
   int64_t n = 0;
-  for (const auto& lin : block_linears(model))
+  for (const auto& lin : block_linears(model, tp))
     if (std::find(lora.targets.begin(), lora.targets.end(), lin.name) != lora.targets.end())
       n += lora.rank * (lin.in_features + lin.out_features);  // A: r×in, B: out×r
   return n;
@@ -41,15 +44,15 @@ struct JobUnits {
   int64_t layer_linear_weights = 0;   // elements of one block's linear weights (amp copies)
 };
 
-JobUnits job_units(const ModelSpec& model, const TrainingSetup& setup, const FrameworkProfile& fw) {
-  const ParamCounts p = count_params(model);
+JobUnits job_units(const ModelSpec& model, const TrainingSetup& setup, const FrameworkProfile& fw, int64_t tp = 1) {
+  const ParamCounts p = count_params(model, tp);
   const bool dq = setup.quantization.double_quant;
   if (model.quantized.active() && setup.method != Method::qlora)  // never its stored weights counted as bf16
     fail_input("--method (method) " + to_string(setup.method) + ": the base is stored quantized (" +
                model.quantized.describe() + "): LoRA on it is planned as qlora (job_fields.h apply_model)");
   JobUnits u;
   int64_t linear_weights = 0, linear_nf4_bytes = 0;
-  for (const auto& lin : block_linears(model)) {
+  for (const auto& lin : block_linears(model, tp)) {
     linear_weights += lin.in_features * lin.out_features;
     // A quantised base (quantization_config) holds its linears as the checkpoint stores them.
     linear_nf4_bytes += model.quantized.active() ? quantized_linear_bytes(model.quantized, lin.in_features, lin.out_features)
@@ -66,12 +69,12 @@ JobUnits job_units(const ModelSpec& model, const TrainingSetup& setup, const Fra
       break;
     case Method::lora:
       u.embedding = {0, embedding, 0};
-      u.layer = {lora_params_per_layer(model, setup.lora), p.per_layer, 0};
+      u.layer = {lora_params_per_layer(model, setup.lora, tp), p.per_layer, 0};
       u.head = {0, p.final_norm + p.lm_head, 0};
       break;
     case Method::qlora: {  // the block linears in NF4 (and the head where the framework quantises it)
       u.embedding = {0, embedding, 0};
-      u.layer = {lora_params_per_layer(model, setup.lora), p.per_layer - linear_weights, linear_weights, linear_nf4_bytes};
+      u.layer = {lora_params_per_layer(model, setup.lora, tp), p.per_layer - linear_weights, linear_weights, linear_nf4_bytes};
       const bool q_head = fw.quantize_lm_head && p.lm_head > 0 && !model.quantized.active();
       u.head = {0, p.final_norm + (q_head ? 0 : p.lm_head), q_head ? p.lm_head : 0,
                 q_head ? nf4_storage_bytes(p.lm_head, dq) : 0};
@@ -106,12 +109,6 @@ int64_t to_bytes(double x) { return static_cast<int64_t>(std::ceil(std::min(std:
 
 bool is_pipeline(Strategy s) {
   return s == Strategy::mp || s == Strategy::pipeline_gpipe || s == Strategy::pipeline_1f1b;
-}
-bool is_fsdp(Strategy s) {
-  return s == Strategy::fsdp || s == Strategy::fsdp_hybrid || s == Strategy::fsdp_shard_grad_op;
-}
-bool shards_weights(Strategy s) {
-  return s == Strategy::zero3 || s == Strategy::zero3_offload || s == Strategy::fsdp || s == Strategy::fsdp_hybrid;
 }
 
 int64_t sum_terms(const MemoryBreakdown& m) {
@@ -173,14 +170,28 @@ TrainableParams trainable_params(const ModelSpec& model, const TrainingSetup& se
   return t;
 }
 
-PreparedJob prepare_job(const ModelSpec& model, const HardwareSpec& hw, const TrainingSetup& setup) {
+namespace {
+ActivationInputs sharded_inputs(ActivationInputs in, const ShardShape& shape) {
+  in.tp = shape.tp;
+  in.sequence_parallel = shape.sequence_parallel;
+  in.cp = shape.cp;
+  return in;
+}
+}  // namespace
+
+ShardShape shard_shape(const Parallelism& p) { return {p.tp, p.sequence_parallel && p.tp > 1, p.cp}; }
+
+PreparedJob prepare_job(const ModelSpec& model, const HardwareSpec& hw, const TrainingSetup& setup, const ShardShape& shape) {
   PreparedJob j;
   j.model = &model;
   j.hw = &hw;
   j.setup = &setup;
+  j.shape = shape;
   j.framework = &framework_profile(setup.framework);
   const FrameworkProfile& fw = *j.framework;
-  const JobUnits u = job_units(model, setup, fw);
+  // One tensor-parallel rank's share of every unit; loading and saving handle the whole model.
+  const JobUnits u = job_units(model, setup, fw, shape.tp);
+  const JobUnits whole = shape.tp > 1 ? job_units(model, setup, fw) : u;
   const StateBytes e = state_bytes(u.embedding, setup, fw), l = state_bytes(u.layer, setup, fw),
                    h = state_bytes(u.head, setup, fw);
   j.embedding_weight_bytes = e.weights;
@@ -206,7 +217,7 @@ PreparedJob prepare_job(const ModelSpec& model, const HardwareSpec& hw, const Tr
   // amp: autocast's bf16 copies of fp32 weights (full fine-tuning, or a LoRA base the framework keeps in fp32).
   const bool fp32_weights = setup.method == Method::full || (setup.method == Method::lora && fw.amp_frozen_weight_bytes == 4);
   const bool amp_copies = setup.precision == Precision::amp && fw.autocast_weight_copies && fp32_weights;
-  const ParamCounts pc = count_params(model);
+  const ParamCounts pc = count_params(model, shape.tp);
   j.layer_weight_copy_bytes = amp_copies ? 2.0 * u.layer_linear_weights : 0;
   j.head_weight_copy_bytes = amp_copies ? 2.0 * (pc.lm_head > 0 ? pc.lm_head : pc.embedding) : 0;
   // The optimizer step's temporaries, per trainable parameter with fp32 states (halved with bf16 ones).
@@ -216,9 +227,14 @@ PreparedJob prepare_job(const ModelSpec& model, const HardwareSpec& hw, const Tr
                                     : 0;
   // Loading holds the weights as they are stored, QLoRA's quantised ones in the compute dtype first
   // (bitsandbytes quantises each weight on its way to the GPU).
-  j.model_load_bytes = e.weights + model.num_layers * l.weights + h.weights +
-                       (model.quantized.active() ? 0.0 : double(all.nf4) * activation_bytes(setup.precision) - double(all.nf4_bytes));
-  j.trainable_save_bytes = double(j.trainable_params) * (setup.method == Method::full ? tb.weight : 2.0);
+  {
+    const StateBytes we = state_bytes(whole.embedding, setup, fw), wl = state_bytes(whole.layer, setup, fw),
+                     wh = state_bytes(whole.head, setup, fw);
+    const UnitParams w_all = whole.embedding + model.num_layers * whole.layer + whole.head;
+    j.model_load_bytes = we.weights + model.num_layers * wl.weights + wh.weights +
+                         (model.quantized.active() ? 0.0 : double(w_all.nf4) * activation_bytes(setup.precision) - double(w_all.nf4_bytes));
+    j.trainable_save_bytes = double(w_all.trainable) * (setup.method == Method::full ? tb.weight : 2.0);
+  }
   j.dequant_bytes = setup.method == Method::qlora
                         ? to_bytes(fw.dequant_weights_alive * activation_bytes(setup.precision) * u.largest_quantized)
                         : 0;
@@ -228,10 +244,14 @@ PreparedJob prepare_job(const ModelSpec& model, const HardwareSpec& hw, const Tr
     for (Attention a : {Attention::fused, Attention::eager})
       for (int sel = 0; sel < 2; ++sel)
         j.block_bytes_per_sample[static_cast<int>(a)][sel][ac] =
-            block_activation_bytes(model, activation_inputs(setup, 1, a, af, sel == 1));
-    const ActivationInputs one = activation_inputs(setup, 1, Attention::fused, af);
+            block_activation_bytes(model, sharded_inputs(activation_inputs(setup, 1, a, af, sel == 1), shape));
+    const ActivationInputs one = sharded_inputs(activation_inputs(setup, 1, Attention::fused, af), shape);
     j.head_bytes_per_sample[ac] = head_activation_bytes(model, one);
-    j.block_input_bytes_per_sample[ac] = one.residual_bytes * setup.memory_seq_len() * model.hidden_size;
+    // A block input (what checkpointing keeps and a pipeline stage sends): split by cp, and by tp
+    // under sequence parallelism.
+    j.residual_bytes[ac] = one.residual_bytes;
+    j.block_input_bytes_per_sample[ac] = split_activation_bytes(
+        {double(one.residual_bytes) * setup.memory_seq_len() * model.hidden_size, 0, 0}, shape.tp, shape.sequence_parallel, shape.cp);
   }
   const double S = static_cast<double>(setup.memory_seq_len());
   const LossProfile& loss = fw.losses.count(setup.loss) ? fw.losses.at(setup.loss) : fw.losses.at(fw.loss);
@@ -244,12 +264,18 @@ PreparedJob prepare_job(const ModelSpec& model, const HardwareSpec& hw, const Tr
   const double softcap = setup.loss == Loss::full && !compiled ? double(logit_softcap_bytes(model, 1, setup.memory_seq_len(), setup.precision)) : 0.0;
   j.loss_peak_bytes_per_sample += softcap;
   j.loss_kept_bytes_per_sample += softcap;
+  // Vocabulary-parallel loss (Megatron-LM's, torchtitan's loss_parallel): one rank's vocabulary
+  // columns, of its context-parallel tokens.
+  if (shape.tp * shape.cp > 1) {
+    j.loss_peak_bytes_per_sample /= double(shape.tp * shape.cp);
+    j.loss_kept_bytes_per_sample /= double(shape.tp * shape.cp);
+  }
   return j;
 }
 
 MemoryEstimate estimate_memory(const ModelSpec& model, const HardwareSpec& hw, const TrainingSetup& setup,
                                const Candidate& c) {
-  return estimate_memory(prepare_job(model, hw, setup), c, setup.num_gpus);
+  return estimate_memory(prepare_job(model, hw, setup, shard_shape(c.parallel)), c, setup.num_gpus);
 }
 
 MemoryEstimate estimate_memory(const PreparedJob& job, const Candidate& c, int64_t num_gpus, bool explain) {
@@ -257,11 +283,13 @@ MemoryEstimate estimate_memory(const PreparedJob& job, const Candidate& c, int64
   const HardwareSpec& hw = *job.hw;
   const TrainingSetup& setup = *job.setup;
   const FrameworkProfile& fw = *job.framework;
+  const Parallelism& par = c.parallel;
+  (void)num_gpus;  // the layout says how many GPUs it uses
+  if (!(shard_shape(par) == job.shape))
+    throw std::logic_error("estimate_memory: the candidate's tp/sp/cp differ from the prepared job's shape");
   MemoryEstimate e;
-  e.strategy = c.strategy;
   e.candidate = c;
-  const int64_t N = std::max<int64_t>(1, num_gpus);
-  e.gpus_used = c.strategy == Strategy::single ? 1 : N;
+  e.gpus_used = std::max<int64_t>(1, par.gpus());
   const bool distributed = e.gpus_used > 1;
   // Per-micro-batch sizes in double: a product of absurd sizes saturates (to_bytes) rather than
   // overflowing.
@@ -269,8 +297,8 @@ MemoryEstimate estimate_memory(const PreparedJob& job, const Candidate& c, int64
   const bool ckpt = c.checkpointing == Checkpointing::full;
   const int sel = c.checkpointing == Checkpointing::selective ? 1 : 0;
   // Autocast's effects (fp32 residual stream, bf16 weight copies) where fp32 parameters meet the
-  // matmuls; FSDP and ZeRO-3 compute with the bf16 parameters they gather.
-  const int ac = shards_weights(c.strategy) || c.strategy == Strategy::fsdp_shard_grad_op ? 0 : 1;
+  // matmuls; layouts that gather parameters (stage 3: FSDP, ZeRO-3) compute with the bf16 copies they gather.
+  const int ac = par.gathers_params() ? 0 : 1;
   const double weight_copy = ac ? job.layer_weight_copy_bytes : 0.0, head_copy = ac ? job.head_weight_copy_bytes : 0.0;
   const double block = B * job.block_bytes_per_sample[static_cast<int>(c.attention)][sel][ac];
   const double block_full = B * job.block_bytes_per_sample[static_cast<int>(c.attention)][0][ac];  // a recomputed block
@@ -298,33 +326,126 @@ MemoryEstimate estimate_memory(const PreparedJob& job, const Candidate& c, int64
     return to_bytes(bytes);
   };
 
-  if (is_pipeline(c.strategy)) {
-    // Stage k holds consecutive layers; the first stage the embedding, the last the head and loss
-    // (tied embeddings are duplicated on the last stage, as Megatron does).
-    const int64_t p = std::min<int64_t>(N, model.num_layers);
-    const int64_t micro_batches = c.strategy == Strategy::mp ? 1 : setup.grad_accum;
+  // The model states of the layers a rank holds (all of them, or a pipeline stage's), sharded over the
+  // data-parallel ranks as the layout says: ZeRO's stages, FSDP (fully, or keeping parameters gathered
+  // from forward to backward), offload to the host; DDP's buckets copy every gradient.
+  const int64_t shard = par.shard_group();
+  const ParamBytes tb = trainable_param_bytes(setup.precision, setup.optimizer);
+  struct States {
+    double w = 0, g = 0, o = 0, temp = 0, host = 0, opt_transient = 0;
+  };
+  auto shard_states = [&](double w, double g, double o, double layers, bool first, bool last, double trainable) {
+    States r{w, g, o, double(job.dequant_bytes), 0, job.optimizer_transient_bytes * (trainable / std::max(1.0, double(job.trainable_params)))};
+    if (par.pp == 1) r.opt_transient = job.optimizer_transient_bytes;  // the whole model: exactly
+    const double grad_bytes_per_elem = tb.gradient;
+    const double bucket_elements = fw.zero_bucket_is_hidden_squared ? double(model.hidden_size) * double(model.hidden_size)
+                                                                     : fw.zero_reduce_bucket_elements;
+    const double bucket = std::min(r.g, bucket_elements * grad_bytes_per_elem) * (fw.zero_overlap_comm_double_buffer ? 2 : 1);
+    // Gathered units are in the compute dtype (bf16 under mixed and amp).
+    const double emb_c = first ? job.embedding_compute_bytes : 0.0, head_c = last ? job.head_compute_bytes : 0.0;
+    const double layer_c = job.layer_compute_bytes, layer_g = job.layer_grad_bytes + job.layer_frozen_grad_bytes;
+    const double largest_unit_c = std::max(layer_c, std::max(emb_c, head_c));
+    const double host_fp32_grads = 4.0 * trainable;
+    const bool fsdp = par.sharding == Sharding::fsdp;
+    // FSDP-1 units mixing frozen and trainable weights hold gradients for the frozen part too.
+    if (fsdp) r.g += layers * job.layer_frozen_grad_bytes;
+    // Gradient accumulation under no_sync keeps every unit's gradient unsharded between micro-batches.
+    const bool unsharded_grads = fsdp && setup.grad_accum > 1 && fw.fsdp_no_sync_unsharded_grads;
+    const double w_all = r.w, o_all = r.o;
+    const double N = double(shard);
+    if (par.sharding == Sharding::none) {
+      if (par.grad_group() > 1) r.temp += r.g;  // DDP's buckets copy every gradient (gradient_as_bucket_view=False)
+    } else if (par.sharding == Sharding::zero) {
+      if (par.zero_stage >= 1) r.o /= N, r.opt_transient /= N;
+      if (par.zero_stage >= 2) r.g /= N;
+      if (par.zero_stage >= 3) {  // the largest gathered unit + the prefetched layer + one layer's full gradients
+        r.w /= N;
+        r.temp += largest_unit_c + layer_c + layer_g;
+      } else {
+        r.temp += bucket;
+      }
+    } else if (par.reshard_after_forward) {  // FSDP FULL_SHARD: the last unit (norm, lm_head) is not resharded after forward
+      r.w /= N, r.o /= N, r.opt_transient /= N;
+      r.g = unsharded_grads ? r.g : r.g / N;
+      r.temp += head_c + 2 * largest_unit_c + (unsharded_grads ? 0 : layer_g);
+    } else {  // SHARD_GRAD_OP: parameters stay gathered from forward through backward
+      const double gathered = emb_c + layers * layer_c + head_c;
+      r.w = r.w / N + gathered, r.o /= N, r.opt_transient /= N;
+      r.g = unsharded_grads ? r.g : r.g / N;
+      r.temp += unsharded_grads ? 0 : layer_g;
+    }
+    if (par.offload_optimizer) {
+      // ZeRO-Offload: the reduced gradient shard goes to the host (fp32), where AdamW updates a copy of
+      // the weight shard; offloaded parameters (ZeRO-3 / FSDP CPUOffload) live there too, and the GPU
+      // holds only the units it gathers.
+      r.host = ((par.offload_params ? w_all : trainable * tb.weight) + o_all + host_fp32_grads) / N;
+      if (par.offload_params) r.w = 0;
+      r.o = 0, r.g = 0, r.opt_transient = 0;
+    }
+    return r;
+  };
+
+  if (par.pp > 1) {
+    // Stage k holds consecutive layers (interleaved: `virtual_stages` chunks, k, k + pp, ...); the first
+    // stage the embedding, the last the head and loss (tied embeddings are duplicated on the last stage,
+    // as Megatron does).
+    const int64_t p = std::min<int64_t>(par.pp, model.num_layers);
+    const int64_t v = par.schedule == PipelineSchedule::interleaved_1f1b ? std::max<int64_t>(1, par.virtual_stages) : 1;
+    const int64_t chunks = p * v;
+    const int64_t micro_batches = par.schedule == PipelineSchedule::naive ? 1 : setup.grad_accum;
     MemoryBreakdown worst;
     int64_t worst_sum = -1;
+    double worst_host = 0, worst_act_host = 0;
     for (int64_t k = 0; k < p; ++k) {
-      const int64_t layers = model.num_layers / p + (k < model.num_layers % p ? 1 : 0);
+      int64_t layers = 0;
+      for (int64_t j = 0; j < v; ++j) {
+        const int64_t chunk = j * p + k;
+        layers += model.num_layers / chunks + (chunk < model.num_layers % chunks ? 1 : 0);
+      }
       const bool first = k == 0, last = k == p - 1;
       double w = layers * job.layer_weight_bytes, g = layers * job.layer_grad_bytes, o = layers * job.layer_opt_bytes;
       if (first) w += job.embedding_weight_bytes, g += job.embedding_grad_bytes, o += job.embedding_opt_bytes;
       if (last) w += job.head_weight_bytes + job.tied_head_weight_bytes, g += job.head_grad_bytes, o += job.head_opt_bytes;
-      // GPipe keeps all m micro-batches in flight; 1F1B at most p - k on stage k.
-      int64_t in_flight = c.strategy == Strategy::pipeline_1f1b ? std::min(p - k, micro_batches) : micro_batches;
+      const double trainable = job.trainable_params * (g / std::max(1e-300, job.embedding_grad_bytes + model.num_layers * job.layer_grad_bytes + job.head_grad_bytes));
+      act_host = 0;
       MemoryBreakdown s;
-      s.weights = to_bytes(w);
-      s.gradients = to_bytes(g);
-      s.optimizer = to_bytes(o);
-      s.activations = activations(layers, last, in_flight);
-      // The loss's peak for the current micro-batch, and what it keeps for each other one in flight.
-      s.logits_loss = last ? to_bytes(loss_peak + (in_flight - 1) * loss_kept) : 0;
+      if (v == 1) {
+        // GPipe keeps all m micro-batches in flight; 1F1B at most p - k on stage k.
+        const int64_t in_flight = par.schedule == PipelineSchedule::one_f_one_b ? std::min(p - k, micro_batches) : micro_batches;
+        s.activations = activations(layers, last, in_flight);
+        // The loss's peak for the current micro-batch, and what it keeps for each other one in flight.
+        s.logits_loss = last ? to_bytes(loss_peak + (in_flight - 1) * loss_kept) : 0;
+      } else {
+        // Interleaved 1F1B (Megatron-LM schedules.py): stage k warms up with (p - k - 1)·2 + (v - 1)·p
+        // chunk forwards, so (p - k - 1)·2 + (v - 1)·p + 1 chunk passes are alive at its peak; on the
+        // first stage that is p·(1 + (p - 1)/(p·v)) micro-batches of its layers (Korthikanti et al.
+        // 2022, sec. 4.2.3).
+        const int64_t chunk_passes = std::min(micro_batches * v, (p - k - 1) * 2 + (v - 1) * p + 1);
+        const double per_chunk = double(layers) / double(v);
+        const double kept = ckpt ? per_chunk * block_input : per_chunk * (block + weight_copy);
+        double bytes = chunk_passes * kept;
+        if (offload_act) {
+          act_host += chunk_passes * std::max(0.0, per_chunk - 2) * block_input;
+          bytes = chunk_passes * std::min(per_chunk, 2.0) * block_input;
+        }
+        const int64_t head_in_flight = std::max<int64_t>(1, std::min(micro_batches, (chunk_passes + v - 1) / v));
+        if (last) bytes += head_in_flight * (head_act + head_copy);
+        if (ckpt) bytes += block_full + weight_copy;
+        bytes += selective_recompute;
+        s.activations = to_bytes(bytes);
+        s.logits_loss = last ? to_bytes(loss_peak + (head_in_flight - 1) * loss_kept) : 0;
+      }
+      const States st = shard_states(w, g, o, double(layers), first, last, trainable);
+      s.weights = to_bytes(st.w);
+      s.gradients = to_bytes(st.g);
+      s.optimizer = to_bytes(st.o);
       // Received activations and the gradient sent back: two block-input-sized buffers.
-      s.temporary = to_bytes((p > 1 ? 2 * block_input : 0) + job.dequant_bytes);
-      if (sum_terms(s) > worst_sum) worst = s, worst_sum = sum_terms(s);
+      s.temporary = to_bytes((p > 1 ? 2 * block_input : 0) + st.temp);
+      if (sum_terms(s) > worst_sum) worst = s, worst_sum = sum_terms(s), worst_host = st.host, worst_act_host = act_host;
     }
     m = worst;
+    m.host = to_bytes(worst_host);
+    act_host = worst_act_host;
     e.peak_moment = "forward-backward";
   } else {
     const double layers = static_cast<double>(model.num_layers);
@@ -343,74 +464,25 @@ MemoryEstimate estimate_memory(const PreparedJob& job, const Candidate& c, int64
       const double recompute = block_full + weight_copy;
       m.logits_loss = to_bytes(std::max(0.0, head_act + head_copy + loss_peak - recompute));
     }
-    const double grad_bytes_per_elem = trainable_param_bytes(setup.precision, setup.optimizer).gradient;
-    const double bucket_elements = fw.zero_bucket_is_hidden_squared
-                                       ? double(model.hidden_size) * double(model.hidden_size)
-                                       : fw.zero_reduce_bucket_elements;
-    const double bucket = std::min(g, bucket_elements * grad_bytes_per_elem) * (fw.zero_overlap_comm_double_buffer ? 2 : 1);
-    // Gathered units are in the compute dtype (bf16 under mixed and amp).
-    const double layer_c = job.layer_compute_bytes, layer_g = job.layer_grad_bytes + job.layer_frozen_grad_bytes;
-    const double largest_unit_c = std::max(layer_c, std::max(job.embedding_compute_bytes, job.head_compute_bytes));
-    const int64_t shard = c.strategy == Strategy::fsdp_hybrid ? std::min(N, hw.gpus_per_node) : N;
-    const double host_fp32_grads = 4.0 * job.trainable_params;
-    // FSDP-1 units mixing frozen and trainable weights hold gradients for the frozen part too.
-    if (is_fsdp(c.strategy)) g += layers * job.layer_frozen_grad_bytes;
-    // Gradient accumulation under no_sync keeps every unit's gradient unsharded between micro-batches.
-    const bool unsharded_grads = is_fsdp(c.strategy) && setup.grad_accum > 1 && fw.fsdp_no_sync_unsharded_grads;
-    double temp = job.dequant_bytes, host = 0, opt_transient = job.optimizer_transient_bytes;
-    switch (c.strategy) {
-      case Strategy::single: break;
-      case Strategy::ddp: temp += g; break;  // buckets copy every gradient (gradient_as_bucket_view=False)
-      case Strategy::zero1: o /= N; opt_transient /= N; temp += bucket; break;
-      case Strategy::zero2: g /= N; o /= N; opt_transient /= N; temp += bucket; break;
-      case Strategy::zero3:  // largest gathered unit + the prefetched layer + one layer's full gradients
-        w /= N; g /= N; o /= N; opt_transient /= N;
-        temp += largest_unit_c + layer_c + layer_g;
-        break;
-      case Strategy::fsdp:
-      case Strategy::fsdp_hybrid:  // the last unit (norm, lm_head) is not resharded after forward
-        w /= shard; o /= shard; opt_transient /= shard;
-        g = unsharded_grads ? g : g / shard;
-        temp += job.head_compute_bytes + 2 * largest_unit_c + (unsharded_grads ? 0 : layer_g);
-        break;
-      case Strategy::fsdp_shard_grad_op: {  // parameters stay gathered from forward through backward
-        const double gathered = job.embedding_compute_bytes + layers * layer_c + job.head_compute_bytes;
-        w = w / N + gathered; o /= N; opt_transient /= N;
-        g = unsharded_grads ? g : g / N;
-        temp += unsharded_grads ? 0 : layer_g;
-        break;
-      }
-      case Strategy::zero2_offload:
-        // ZeRO-Offload: the reduced gradient shard goes to the host (fp32), where AdamW updates a copy
-        // of the weight shard; the GPU keeps the weights and the reduction bucket(s).
-        host = (job.trainable_params * trainable_param_bytes(setup.precision, setup.optimizer).weight + o +
-                host_fp32_grads) / N;
-        o = 0; g = 0; opt_transient = 0;
-        temp += bucket;
-        break;
-      case Strategy::zero3_offload:  // parameters too: the GPU holds only gathered units (as zero3)
-        host = (w + o + host_fp32_grads) / N;
-        w = 0; g = 0; o = 0; opt_transient = 0;
-        temp += largest_unit_c + layer_c + layer_g;
-        break;
-      default: break;
-    }
+    States st = shard_states(w, g, o, layers, true, true, double(job.trainable_params));
     if (setup.paged_optimizer) {  // bitsandbytes pages optimizer states out to host memory under pressure
-      host += o;
-      o = 0;
+      st.host += st.o;
+      st.o = 0;
     }
     // The optimizer step in backward frees each gradient as soon as it is applied: one unit's at a time.
-    if (setup.optimizer_in_backward) g = std::min(g, std::max({job.layer_grad_bytes, job.embedding_grad_bytes, job.head_grad_bytes}));
-    m.weights = to_bytes(w);
-    m.gradients = to_bytes(g);
-    m.optimizer = to_bytes(o);
-    m.temporary = to_bytes(temp);
-    m.host = to_bytes(host);
+    if (setup.optimizer_in_backward)
+      st.g = std::min(st.g, std::max({job.layer_grad_bytes, job.embedding_grad_bytes, job.head_grad_bytes}));
+    m.weights = to_bytes(st.w);
+    m.gradients = to_bytes(st.g);
+    m.optimizer = to_bytes(st.o);
+    m.temporary = to_bytes(st.temp);
+    m.host = to_bytes(st.host);
     e.peak_moment = "forward-backward";
     // The optimizer step, after backward: activations gone, its own temporaries alive. The peak when
     // they outweigh the activations (full fine-tuning with little activation memory).
-    const int64_t at_step = m.weights + m.gradients + m.optimizer + to_bytes(opt_transient) +
-                            (c.strategy == Strategy::ddp ? to_bytes(temp - job.dequant_bytes) : 0);
+    const bool ddp_buckets = par.sharding == Sharding::none && par.grad_group() > 1;
+    const int64_t at_step = m.weights + m.gradients + m.optimizer + to_bytes(st.opt_transient) +
+                            (ddp_buckets ? to_bytes(st.temp - job.dequant_bytes) : 0);
     if (at_step > sum_terms(m)) {
       m.temporary = at_step - m.weights - m.gradients - m.optimizer;
       m.activations = 0;
@@ -429,10 +501,10 @@ MemoryEstimate estimate_memory(const PreparedJob& job, const Candidate& c, int64
 
   // Loading: the weights arrive before any gradient or optimizer state. A sharded strategy holds its
   // shard plus one unit being sharded; QLoRA quantises one weight at a time from the load dtype.
-  const bool sharded = shards_weights(c.strategy);
+  const bool sharded = par.shards_params() && par.reshard_after_forward;
   const double unit_load = std::max({job.layer_weight_bytes, job.embedding_weight_bytes, job.head_weight_bytes});
   double load_tensors = (sharded ? double(m.weights) + unit_load : double(m.weights));
-  if (c.strategy == Strategy::zero3_offload) load_tensors = unit_load;
+  if (par.offload_params) load_tensors = unit_load;
   if (setup.method == Method::qlora) load_tensors += job.dequant_bytes;
   e.load.device_bytes = figures(to_bytes(load_tensors), hw, fw, distributed).device;
   e.step.device_bytes = step.device;
@@ -463,12 +535,56 @@ MemoryEstimate estimate_memory(const PreparedJob& job, const Candidate& c, int64
   return e;
 }
 
+Candidate preset_candidate(Strategy strategy, int64_t num_gpus, const HardwareSpec& hw, int64_t micro_batch,
+                           Checkpointing checkpointing, Attention attention, bool activation_offload) {
+  Candidate c;
+  c.parallel = preset(strategy, num_gpus, hw.gpus_per_node);
+  c.name = to_string(strategy);
+  c.micro_batch = micro_batch;
+  c.checkpointing = checkpointing;
+  c.attention = attention;
+  c.activation_offload = activation_offload;
+  return c;
+}
+
+Candidate layout_candidate(const Parallelism& parallel, int64_t micro_batch, Checkpointing checkpointing,
+                           Attention attention, bool activation_offload) {
+  Candidate c;
+  c.parallel = parallel;
+  c.name = name(parallel);
+  c.micro_batch = micro_batch;
+  c.checkpointing = checkpointing;
+  c.attention = attention;
+  c.activation_offload = activation_offload;
+  return c;
+}
+
+std::optional<Parallelism> scaled_layout(const Parallelism& p, int64_t n, const HardwareSpec& hw) {
+  if (const auto s = preset_of(p)) {
+    if (*s == Strategy::single) return n == 1 ? std::optional(p) : std::nullopt;
+    if (*s == Strategy::fsdp_hybrid && (n <= hw.gpus_per_node || n % hw.gpus_per_node != 0)) return std::nullopt;
+    return preset(*s, n, hw.gpus_per_node);
+  }
+  const int64_t model_parallel = p.tp * p.cp * p.pp;
+  if (n % model_parallel != 0) return std::nullopt;
+  Parallelism q = p;
+  const int64_t dp = n / model_parallel;
+  if (q.sharding == Sharding::none) {
+    q.dp_replicate = dp;
+  } else {
+    if (dp % q.dp_replicate != 0) return std::nullopt;
+    q.dp_shard = dp / q.dp_replicate;
+  }
+  return q;
+}
+
 std::vector<Strategy> applicable_strategies(const ModelSpec& model, const HardwareSpec& hw,
                                             const TrainingSetup& setup) {
   if (setup.num_gpus <= 1) return {Strategy::single, Strategy::zero2_offload, Strategy::zero3_offload};
   std::vector<Strategy> out;
   for (Strategy s : all_strategies()) {
-    if (s == Strategy::fsdp_hybrid && setup.num_gpus <= hw.gpus_per_node) continue;
+    // HYBRID_SHARD: whole nodes, each a shard group.
+    if (s == Strategy::fsdp_hybrid && (setup.num_gpus <= hw.gpus_per_node || setup.num_gpus % hw.gpus_per_node != 0)) continue;
     if (is_pipeline(s) && model.num_layers < setup.num_gpus) continue;
     out.push_back(s);
   }
@@ -477,7 +593,7 @@ std::vector<Strategy> applicable_strategies(const ModelSpec& model, const Hardwa
 
 int64_t max_micro_batch(const ModelSpec& model, const HardwareSpec& hw, const TrainingSetup& setup,
                         Candidate c, int64_t limit) {
-  const PreparedJob job = prepare_job(model, hw, setup);
+  const PreparedJob job = prepare_job(model, hw, setup, shard_shape(c.parallel));
   auto fits = [&](int64_t b) {
     c.micro_batch = b;
     return estimate_memory(job, c, setup.num_gpus, false).fits;
@@ -498,16 +614,20 @@ int64_t max_micro_batch(const ModelSpec& model, const HardwareSpec& hw, const Tr
 
 int64_t min_gpus(const ModelSpec& model, const HardwareSpec& hw, const TrainingSetup& setup,
                  const Candidate& c, int64_t limit) {
-  const PreparedJob job = prepare_job(model, hw, setup);
-  const int64_t start = c.strategy == Strategy::single || c.strategy == Strategy::zero2_offload ||
-                                c.strategy == Strategy::zero3_offload
-                            ? 1
-                            : 2;
+  const PreparedJob job = prepare_job(model, hw, setup, shard_shape(c.parallel));
+  const std::optional<Strategy> s = preset_of(c.parallel);
+  // One GPU runs single and the offload presets; the other presets need two; a composition its
+  // model-parallel degrees.
+  const bool one_gpu_preset = s && (*s == Strategy::single || *s == Strategy::zero2_offload || *s == Strategy::zero3_offload);
+  const int64_t start = s ? (one_gpu_preset ? 1 : 2) : c.parallel.tp * c.parallel.cp * c.parallel.pp;
   for (int64_t n = start; n <= limit; ++n) {
-    if (is_pipeline(c.strategy) && n > model.num_layers) break;
-    if (c.strategy == Strategy::fsdp_hybrid && n <= hw.gpus_per_node) continue;
-    if (estimate_memory(job, c, n, false).fits) return n;
-    if (c.strategy == Strategy::single) break;
+    if (s && is_pipeline(*s) && n > model.num_layers) break;
+    const auto layout = scaled_layout(c.parallel, n, hw);
+    if (!layout) continue;
+    Candidate at = c;
+    at.parallel = *layout;
+    if (estimate_memory(job, at, n, false).fits) return n;
+    if (s == Strategy::single) break;
   }
   return 0;
 }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -15,7 +16,8 @@ namespace ftplan {
 
 // One fully specified way to run the job: what `ftplan plan` searches over.
 struct Candidate {
-  Strategy strategy = Strategy::single;
+  Parallelism parallel;             // the layout (planner/parallelism.h): every estimate reads it
+  std::string name;                 // how outputs name it: the preset's name, or the --parallel string
   int64_t micro_batch = 1;
   Checkpointing checkpointing = Checkpointing::none;
   Attention attention = Attention::fused;
@@ -52,7 +54,6 @@ struct PhaseMemory {
 };
 
 struct MemoryEstimate {
-  Strategy strategy = Strategy::single;
   Candidate candidate;
   int64_t gpus_used = 1;             // single uses 1 of the job's GPUs
   MemoryBreakdown per_gpu;
@@ -69,6 +70,19 @@ struct MemoryEstimate {
   std::string reason;                // why it does not fit, or "" when it does
 };
 
+// How one rank's share of the model is cut by tensor and context parallelism: what a PreparedJob is
+// computed for (every layout with the same shape shares it).
+struct ShardShape {
+  int64_t tp = 1;
+  bool sequence_parallel = false;
+  int64_t cp = 1;
+  bool operator==(const ShardShape& o) const { return tp == o.tp && sequence_parallel == o.sequence_parallel && cp == o.cp; }
+  bool operator<(const ShardShape& o) const {
+    return tp != o.tp ? tp < o.tp : cp != o.cp ? cp < o.cp : sequence_parallel < o.sequence_parallel;
+  }
+};
+ShardShape shard_shape(const Parallelism& parallel);
+
 // What every candidate of one job shares, computed once so that a search evaluates a candidate
 // with arithmetic alone (activations are linear in the micro-batch: stored per sample).
 struct PreparedJob {
@@ -76,6 +90,7 @@ struct PreparedJob {
   const HardwareSpec* hw = nullptr;
   const TrainingSetup* setup = nullptr;
   const FrameworkProfile* framework = nullptr;
+  ShardShape shape;  // the bytes below are one tp x cp rank's
   double embedding_weight_bytes = 0, layer_weight_bytes = 0, head_weight_bytes = 0;  // as stored
   double embedding_compute_bytes = 0, layer_compute_bytes = 0, head_compute_bytes = 0;  // gathered (compute dtype)
   double embedding_grad_bytes = 0, layer_grad_bytes = 0, head_grad_bytes = 0;
@@ -95,11 +110,13 @@ struct PreparedJob {
   int64_t block_bytes_per_sample[2][2][2] = {};
   int64_t head_bytes_per_sample[2] = {0, 0};
   int64_t block_input_bytes_per_sample[2] = {0, 0};
+  int residual_bytes[2] = {2, 2};         // one element of the residual stream (the block input)
   double loss_peak_bytes_per_sample = 0;  // the loss implementation's peak
   double loss_kept_bytes_per_sample = 0;  // what it keeps from forward to backward
 };
 // The pointers must outlive the PreparedJob; the framework profile is the job's (setup.framework).
-PreparedJob prepare_job(const ModelSpec& model, const HardwareSpec& hw, const TrainingSetup& setup);
+PreparedJob prepare_job(const ModelSpec& model, const HardwareSpec& hw, const TrainingSetup& setup,
+                        const ShardShape& shape = {});
 
 // The estimate for one candidate on `num_gpus` GPUs; the closed-form peak is the sum of the terms
 // (gradients counted alive with all activations: exact under gradient accumulation, conservative
@@ -109,6 +126,19 @@ MemoryEstimate estimate_memory(const PreparedJob& job, const Candidate& candidat
                                bool explain = true);
 MemoryEstimate estimate_memory(const ModelSpec& model, const HardwareSpec& hw, const TrainingSetup& setup,
                                const Candidate& candidate);
+
+// The candidate of a preset on `num_gpus` GPUs of `hw` (fsdp_hybrid shards over a node's GPUs).
+Candidate preset_candidate(Strategy strategy, int64_t num_gpus, const HardwareSpec& hw, int64_t micro_batch = 1,
+                           Checkpointing checkpointing = Checkpointing::none, Attention attention = Attention::fused,
+                           bool activation_offload = false);
+// A candidate of a composition, named by name(parallel).
+Candidate layout_candidate(const Parallelism& parallel, int64_t micro_batch = 1,
+                           Checkpointing checkpointing = Checkpointing::none, Attention attention = Attention::fused,
+                           bool activation_offload = false);
+
+// The same layout on `num_gpus` GPUs: a preset's own layout there; a composition with its model-
+// parallel degrees (tp, cp, pp) kept and its data-parallel degree scaled; none when it cannot be.
+std::optional<Parallelism> scaled_layout(const Parallelism& layout, int64_t num_gpus, const HardwareSpec& hw);
 
 // The strategies that make sense for the job's GPU count (single and offload on one GPU; all of
 // them on several; hybrid only across nodes; pipelines only with at least as many layers as GPUs).

@@ -8,18 +8,27 @@
 
 namespace ftplan {
 
-Candidate candidate_from_setup(const TrainingSetup& s, Strategy strategy) {
-  return {strategy, s.micro_batch.value_or(1), s.checkpointing.value_or(Checkpointing::none),
-          s.attention.value_or(Attention::fused), s.activation_offload};
+Candidate candidate_from_setup(const TrainingSetup& s, const HardwareSpec& hw, std::optional<Strategy> strategy) {
+  const int64_t b = s.micro_batch.value_or(1);
+  const Checkpointing ck = s.checkpointing.value_or(Checkpointing::none);
+  const Attention at = s.attention.value_or(Attention::fused);
+  if (!strategy && s.parallel) return layout_candidate(*s.parallel, b, ck, at, s.activation_offload);
+  return preset_candidate(strategy.value_or(s.strategy.value_or(Strategy::single)), s.num_gpus, hw, b, ck, at,
+                          s.activation_offload);
 }
 
 MemoryReport build_memory_report(const ModelSpec& model, const HardwareSpec& hw, const TrainingSetup& setup) {
-  MemoryReport r{model, hw, setup, trainable_params(model, setup), candidate_from_setup(setup, Strategy::single),
+  MemoryReport r{model, hw, setup, trainable_params(model, setup), candidate_from_setup(setup, hw, Strategy::single),
                  {}, memory_assumptions(model, hw, setup)};
-  std::vector<Strategy> strategies = applicable_strategies(model, hw, setup);
-  if (setup.strategy) strategies = {*setup.strategy};
-  for (Strategy s : strategies) {
-    Candidate c = candidate_from_setup(setup, s);
+  std::vector<Candidate> layouts;
+  if (setup.parallel) {
+    layouts = {candidate_from_setup(setup, hw)};
+  } else {
+    std::vector<Strategy> strategies = applicable_strategies(model, hw, setup);
+    if (setup.strategy) strategies = {*setup.strategy};
+    for (Strategy s : strategies) layouts.push_back(candidate_from_setup(setup, hw, s));
+  }
+  for (const Candidate& c : layouts) {
     MemoryReportRow row{estimate_memory(model, hw, setup, c), max_micro_batch(model, hw, setup, c),
                         min_gpus(model, hw, setup, c, 1024)};
     r.rows.push_back(row);
@@ -81,7 +90,8 @@ nlohmann::json memory_report_json(const MemoryReport& r) {
   j["strategies"] = nlohmann::json::array();
   for (const auto& row : r.rows) {
     const auto& e = row.estimate;
-    j["strategies"].push_back({{"name", to_string(e.strategy)},
+    j["strategies"].push_back({{"name", e.candidate.name},
+                               {"parallel", parallelism_json(e.candidate.parallel)},
                                {"gpus_used", e.gpus_used},
                                {"memory_per_gpu_bytes", memory_breakdown_json(e)},
                                {"host_memory_per_node_bytes", e.host_per_node},
@@ -106,11 +116,11 @@ std::string memory_report_table(const MemoryReport& r) {
   out << "memory per GPU, GiB (2^30 bytes)\n\n";
   const int label_w = 17;
   std::vector<int> widths;  // each column as wide as its strategy's name
-  for (const auto& row : r.rows) widths.push_back(std::max<int>(8, to_string(row.estimate.strategy).size()) + 2);
+  for (const auto& row : r.rows) widths.push_back(std::max<int>(8, row.estimate.candidate.name.size()) + 2);
   size_t column = 0;
   auto cell = [&](const std::string& s) { out << std::setw(widths[column++ % widths.size()]) << s; };
   out << std::left << std::setw(label_w) << "" << std::right;
-  for (const auto& row : r.rows) cell(to_string(row.estimate.strategy));
+  for (const auto& row : r.rows) cell(row.estimate.candidate.name);
   out << "\n";
   auto gib = [](int64_t b) { return format_fixed(b / double(1LL << 30), 2); };
   using Field = int64_t MemoryBreakdown::*;
@@ -148,7 +158,7 @@ std::string memory_report_table(const MemoryReport& r) {
   for (const auto& row : r.rows) cell(row.min_gpus ? std::to_string(row.min_gpus) : "-");
   out << "\n\n";
   for (const auto& row : r.rows)
-    if (!row.estimate.fits) out << to_string(row.estimate.strategy) << ": " << row.estimate.reason << "\n";
+    if (!row.estimate.fits) out << row.estimate.candidate.name << ": " << row.estimate.reason << "\n";
   out << "assumptions:\n";
   for (const auto& line : r.assumptions) out << "  - " << line << "\n";
   return out.str();

@@ -1,6 +1,8 @@
 // `ftplan memory`'s report: computed once, printed as a table or JSON.
 #pragma once
 
+#include <optional>
+
 #include <string>
 #include <vector>
 
@@ -27,7 +29,10 @@ struct MemoryReport {
 };
 
 // The candidate the user's setup names (defaults: micro-batch 1, no checkpointing, fused attention).
-Candidate candidate_from_setup(const TrainingSetup& setup, Strategy strategy);
+// The candidate a job fixes: its --parallel composition, else the preset (`strategy`, else the job's
+// --strategy, else single), with its micro-batch, checkpointing, attention and activation offload.
+Candidate candidate_from_setup(const TrainingSetup& setup, const HardwareSpec& hw,
+                               std::optional<Strategy> strategy = std::nullopt);
 
 MemoryReport build_memory_report(const ModelSpec& model, const HardwareSpec& hw, const TrainingSetup& setup);
 

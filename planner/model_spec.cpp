@@ -325,6 +325,46 @@ std::vector<LinearShape> block_linears(const ModelSpec& m) {
   return out;
 }
 
+std::vector<LinearShape> block_linears(const ModelSpec& m, int64_t tp) {
+  std::vector<LinearShape> out = block_linears(m);
+  if (tp <= 1) return out;
+  // KV heads per rank: kv_heads / tp, or one replicated head when there are fewer heads than ranks.
+  const int64_t kv_rank = std::max<int64_t>(1, m.num_kv_heads / tp) * m.head_dim;
+  const int64_t q_rank = m.q_dim() / tp;
+  for (auto& lin : out) {
+    const bool column = lin.role == LinearRole::attention_in || lin.role == LinearRole::mlp_in;
+    if (!column) {
+      lin.in_features = (lin.in_features + tp - 1) / tp;
+    } else if (lin.name == "k_proj" || lin.name == "v_proj") {
+      lin.out_features = kv_rank;
+    } else if (lin.name == "qkv_proj") {
+      lin.out_features = q_rank + 2 * kv_rank;
+    } else {
+      lin.out_features = (lin.out_features + tp - 1) / tp;
+    }
+  }
+  return out;
+}
+
+ParamCounts count_params(const ModelSpec& m, int64_t tp) {
+  if (tp <= 1) return count_params(m);
+  ParamCounts p = count_params(m);
+  p.attention = p.mlp = 0;
+  for (const auto& lin : block_linears(m, tp)) {
+    const int64_t n = lin.in_features * lin.out_features + (lin.bias ? lin.out_features : 0);
+    const bool is_mlp = lin.role == LinearRole::mlp_in || lin.role == LinearRole::mlp_out;
+    (is_mlp ? p.mlp : p.attention) += n;
+  }
+  // Norms over a whole projection (OLMo 2's q/k norms) follow the projection's split.
+  if (m.qk_norm == QkNorm::whole_projection) p.norms = m.block_norms() * m.hidden_size + (m.q_dim() + m.kv_dim()) / tp;
+  p.per_layer = p.attention + p.mlp + p.norms;
+  const int64_t vocab_rank = (m.vocab_size + tp - 1) / tp;
+  p.embedding = vocab_rank * m.hidden_size;
+  p.lm_head = m.tie_word_embeddings ? 0 : vocab_rank * m.hidden_size;
+  p.total = p.embedding + m.num_layers * p.per_layer + p.final_norm + p.lm_head + p.vision;
+  return p;
+}
+
 ParamCounts count_params(const ModelSpec& m) {
   ParamCounts p;
   const int64_t h = m.hidden_size;

@@ -105,6 +105,11 @@ struct ParamCounts {
   int64_t total = 0;
 };
 
+// One tensor-parallel rank's parameters: its share of the block linears (block_linears(model, tp)),
+// the vocabulary-parallel embedding and head (ceil(vocab / tp) rows), whole norms and vision tower;
+// count_params(model, 1) == count_params(model).
+ParamCounts count_params(const ModelSpec& model, int64_t tp);
+
 // Parses and validates a config.json object; throws ftplan::InputError naming the field.
 ModelSpec model_spec_from_json(const nlohmann::json& config, const std::string& name);
 
@@ -132,5 +137,10 @@ struct LinearShape {
 // The linear layers of one decoder block in execution order, named as the family's transformers
 // code names them (so LoRA target lists such as "qkv_proj" match): seven for Llama, four for Phi-3.
 std::vector<LinearShape> block_linears(const ModelSpec& model);
+// One tensor-parallel rank's share of them (Megatron-LM, Shoeybi et al. 2019): the column-parallel
+// linears (q, k, v, gate, up and the fused qkv, gate_up) keep out_features / tp outputs and their
+// biases; the row-parallel ones (o, down) in_features / tp inputs, their biases whole. KV heads fewer
+// than tp are replicated, one per rank (Megatron-LM's GQA). tp = 1: block_linears.
+std::vector<LinearShape> block_linears(const ModelSpec& model, int64_t tp);
 
 }  // namespace ftplan

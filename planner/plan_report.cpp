@@ -13,7 +13,8 @@ nlohmann::json job_value(bool has_job, double value) { return has_job ? nlohmann
 }  // namespace
 
 nlohmann::json ranked_candidate_json(const RankedCandidate& c) {
-  return {{"name", to_string(c.candidate.strategy)},
+  return {{"name", c.candidate.name},
+          {"parallel", parallelism_json(c.candidate.parallel)},
           {"micro_batch", c.candidate.micro_batch},
           {"checkpointing", to_string(c.candidate.checkpointing)},
           {"activation_offload", c.candidate.activation_offload},
@@ -105,7 +106,8 @@ nlohmann::json plan_report_json(const ModelSpec& model, const HardwareSpec& hw, 
   for (const auto& c : plan.candidates) j["candidates"].push_back(ranked_candidate_json(c));
   j["evaluated"] = plan.evaluated;
   if (plan.recommended)
-    j["recommended"] = {{"strategy", to_string(plan.recommended->candidate.strategy)},
+    j["recommended"] = {{"strategy", plan.recommended->candidate.name},
+                        {"parallel", parallelism_json(plan.recommended->candidate.parallel)},
                         {"micro_batch", plan.recommended->candidate.micro_batch},
                         {"checkpointing", to_string(plan.recommended->candidate.checkpointing)},
                         {"activation_offload", plan.recommended->candidate.activation_offload},
@@ -132,7 +134,7 @@ std::string plan_report_table(const ModelSpec& model, const HardwareSpec& hw, co
       << "MFU" << std::setw(11) << "comm GB" << std::setw(18) << "job time" << std::setw(11) << "cost $" << "\n";
   for (const auto& o : plan.strategies) {
     const RankedCandidate& c = o.best;
-    out << std::left << std::setw(20) << to_string(o.strategy) << std::right << std::setw(4) << c.candidate.micro_batch
+    out << std::left << std::setw(20) << o.name << std::right << std::setw(4) << c.candidate.micro_batch
         << std::setw(6) << to_string(c.candidate.checkpointing) << std::setw(11)
         << format_fixed(c.memory.per_gpu.total / double(1LL << 30), 2);
     if (o.feasible) {
@@ -149,7 +151,7 @@ std::string plan_report_table(const ModelSpec& model, const HardwareSpec& hw, co
   out << "\n";
   if (plan.recommended) {
     const RankedCandidate& w = *plan.recommended;
-    out << "recommended: " << to_string(w.candidate.strategy) << " on " << w.gpus_used << " GPU(s), micro-batch "
+    out << "recommended: " << w.candidate.name << " on " << w.gpus_used << " GPU(s), micro-batch "
         << w.candidate.micro_batch << ", checkpointing " << to_string(w.candidate.checkpointing)
         << (w.candidate.activation_offload ? ", activation offload" : "") << ": "
         << format_fixed(w.step.step_time_s, 3) << " s/step, " << format_fixed(w.step.tokens_per_s, 0) << " tokens/s";
@@ -159,7 +161,7 @@ std::string plan_report_table(const ModelSpec& model, const HardwareSpec& hw, co
   out << "why: " << plan.reason << "\n";
   if (plan.recommended) out << "knobs: " << plan.knobs << "\n";
   for (const auto& o : plan.strategies)
-    if (o.verdict != "recommended") out << "  " << to_string(o.strategy) << ": " << o.verdict << "\n";
+    if (o.verdict != "recommended") out << "  " << o.name << ": " << o.verdict << "\n";
   out << plan.rule_of_thumb << "\n\nassumptions:\n";
   for (const auto& line : memory_assumptions(model, hw, setup)) out << "  - " << line << "\n";
   for (const auto& line : step_assumptions(prepare_plan(model, hw, setup, setup.num_gpus), setup))
@@ -170,7 +172,17 @@ std::string plan_report_table(const ModelSpec& model, const HardwareSpec& hw, co
 nlohmann::json plan_file_json(const ModelSpec& model, const HardwareSpec& hw, const TrainingSetup& setup,
                               const RankedCandidate& chosen) {
   TrainingSetup job = setup;
-  job.strategy = chosen.candidate.strategy;
+  // A preset stays a preset (by its name); a composition is written as its --parallel string.
+  job.strategy.reset();
+  job.parallel.reset();
+  job.parallel_text.clear();
+  if (const auto preset = preset_of(chosen.candidate.parallel)) {
+    job.strategy = *preset;
+    for (Strategy s : all_strategies())
+      if (to_string(s) == chosen.candidate.name) job.strategy = s;  // fsdp_hybrid on one node stays fsdp_hybrid
+  } else {
+    job.parallel = chosen.candidate.parallel;
+  }
   job.micro_batch = chosen.candidate.micro_batch;
   job.checkpointing = chosen.candidate.checkpointing;
   job.attention = chosen.candidate.attention;
@@ -179,7 +191,8 @@ nlohmann::json plan_file_json(const ModelSpec& model, const HardwareSpec& hw, co
   nlohmann::json j;
   j["format"] = "ftplan-plan/1";
   j["job"] = training_setup_to_json(job);
-  j["candidate"] = {{"strategy", to_string(chosen.candidate.strategy)},
+  j["candidate"] = {{"strategy", chosen.candidate.name},
+                    {"parallel", parallelism_json(chosen.candidate.parallel)},
                     {"micro_batch", chosen.candidate.micro_batch},
                     {"checkpointing", to_string(chosen.candidate.checkpointing)},
                     {"attention", to_string(chosen.candidate.attention)},

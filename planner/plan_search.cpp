@@ -4,6 +4,7 @@
 #include <array>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <sstream>
 
 #include "planner/errors.h"
@@ -13,12 +14,9 @@
 namespace ftplan {
 namespace {
 
-bool is_sharded(Strategy s) {
-  return s == Strategy::zero3 || s == Strategy::fsdp || s == Strategy::fsdp_hybrid || s == Strategy::zero3_offload;
-}
-
-// Simpler strategies first: among plans within kTieFraction of each other the simpler one wins
-// (fewer moving parts, fewer ways to fail).
+// Simpler layouts first: among plans within kTieFraction of each other the simpler one wins
+// (fewer moving parts, fewer ways to fail): the presets in this order, then compositions by how many
+// dimensions they combine.
 constexpr double kTieFraction = 0.005;
 int complexity(Strategy s) {
   switch (s) {
@@ -38,6 +36,11 @@ int complexity(Strategy s) {
   }
   return 13;
 }
+int complexity(const Parallelism& p) {
+  if (const auto s = preset_of(p)) return complexity(*s);
+  int dims = (p.tp > 1) + (p.cp > 1) + (p.pp > 1) + (p.dp() > 1) + (p.ep > 1);
+  return 13 + dims * 4 + (p.sequence_parallel ? 1 : 0) + (p.virtual_stages > 1 ? 1 : 0) + (p.offload_optimizer ? 2 : 0);
+}
 
 bool ties(double a, double b) { return std::fabs(a - b) <= kTieFraction * std::min(a, b); }
 
@@ -49,7 +52,7 @@ struct PerToken {
 };
 PerToken per_million_tokens(const RankedCandidate& c) {
   const double k = 1e6 / c.step.tokens_per_step;
-  const bool pipelined = c.candidate.strategy == Strategy::pipeline_gpipe || c.candidate.strategy == Strategy::pipeline_1f1b;
+  const bool pipelined = c.candidate.parallel.pp > 1 && c.candidate.parallel.schedule != PipelineSchedule::naive;
   return {c.step.compute_s * k, c.step.exposed_comm_s * k, pipelined ? c.step.bubble_s * k : 0, c.step.optimizer_s * k};
 }
 
@@ -63,11 +66,12 @@ std::string explain_difference(const RankedCandidate& winner, const RankedCandid
   auto biggest = *std::max_element(parts.begin(), parts.end(),
                                    [](const auto& a, const auto& b) { return a.first < b.first; });
   std::ostringstream s;
-  const Strategy ls = loser.candidate.strategy;
+  const Parallelism& lp = loser.candidate.parallel;
+  const bool offloads = lp.offload_optimizer || lp.offload_params;
   if (std::string(biggest.second) == "compute") {
-    if (ls == Strategy::mp)
+    if (lp.pp > 1 && lp.schedule == PipelineSchedule::naive)
       s << "naive model parallel keeps one GPU busy at a time";
-    else if (ls == Strategy::single && job_gpus > 1)
+    else if (lp.gpus() == 1 && job_gpus > 1)
       s << "it uses 1 of the " << job_gpus << " GPUs";
     else if (loser.candidate.checkpointing == Checkpointing::full && winner.candidate.checkpointing == Checkpointing::none)
       s << "full checkpointing recomputes the forward pass";
@@ -76,21 +80,22 @@ std::string explain_difference(const RankedCandidate& winner, const RankedCandid
   } else if (std::string(biggest.second) == "exposed communication") {
     s << "communication it cannot hide: " << format_fixed(l.comm, 2) << " s vs " << format_fixed(w.comm, 2)
       << " s per million tokens";
-    if (is_sharded(ls)) s << " (parameters all-gathered twice per micro-batch)";
-    if (ls == Strategy::zero2_offload || ls == Strategy::zero3_offload) s << " (host copies over PCIe)";
+    if (lp.shards_params() && lp.reshard_after_forward && lp.pp == 1) s << " (parameters all-gathered twice per micro-batch)";
+    if (lp.tp > 1) s << " (tp=" << lp.tp << ": activations all-reduced in every block)";
+    if (offloads) s << " (host copies over PCIe)";
   } else if (std::string(biggest.second) == "pipeline bubble") {
     s << "the pipeline bubble idles " << format_fixed(loser.step.bubble_fraction * 100, 0) << "% of each GPU";
   } else {
     s << "the optimizer step takes " << format_fixed(l.optimizer, 2) << " s vs " << format_fixed(w.optimizer, 2)
       << " s per million tokens";
-    if (ls == Strategy::zero2_offload || ls == Strategy::zero3_offload) s << " (Adam on the CPU)";
+    if (lp.offload_optimizer) s << " (Adam on the CPU)";
   }
   return s.str();
 }
 
 std::string describe(const RankedCandidate& c) {
   std::ostringstream s;
-  s << to_string(c.candidate.strategy) << " (micro-batch " << c.candidate.micro_batch << ", checkpointing "
+  s << c.candidate.name << " (micro-batch " << c.candidate.micro_batch << ", checkpointing "
     << to_string(c.candidate.checkpointing) << (c.candidate.activation_offload ? ", activation offload" : "") << ")";
   return s.str();
 }
@@ -100,13 +105,13 @@ std::string explain_knobs(const PlanResult& result, const RankedCandidate& win) 
   const Candidate& w = win.candidate;
   auto best_without = [&](auto excluded) -> const RankedCandidate* {
     for (const auto& c : result.candidates)  // best first
-      if (c.candidate.strategy == w.strategy && !excluded(c.candidate)) return &c;
+      if (c.candidate.parallel == w.parallel && !excluded(c.candidate)) return &c;
     return nullptr;
   };
   std::vector<std::string> parts;
   auto say = [&](const std::string& knob, const RankedCandidate* alt) {
     if (!alt)
-      parts.push_back(knob + ": without it nothing fits with " + to_string(w.strategy));
+      parts.push_back(knob + ": without it nothing fits with " + w.name);
     else if (ties(alt->score, win.score))
       parts.push_back(knob + ": no cost here (within 0.5% of " + describe(*alt) + ")");
     else
@@ -126,8 +131,8 @@ std::string explain_knobs(const PlanResult& result, const RankedCandidate& win) 
 }  // namespace
 
 bool ranks_before(const RankedCandidate& a, const RankedCandidate& b) {
-  if (ties(a.score, b.score) && a.candidate.strategy != b.candidate.strategy)
-    return complexity(a.candidate.strategy) < complexity(b.candidate.strategy);
+  if (ties(a.score, b.score) && a.candidate.parallel != b.candidate.parallel)
+    return complexity(a.candidate.parallel) < complexity(b.candidate.parallel);
   return a.score < b.score;
 }
 
@@ -139,9 +144,96 @@ Objective parse_objective(const std::string& s, const std::string& field) {
 
 std::string to_string(Objective o) { return o == Objective::time ? "time" : "cost"; }
 
-SearchSpace search_space(const ModelSpec& model, const HardwareSpec& hw, const TrainingSetup& setup) {
+std::vector<Parallelism> composition_layouts(const ModelSpec& model, const HardwareSpec& hw, const TrainingSetup& setup) {
+  const FrameworkProfile& fw = framework_profile(setup.framework);
+  const int64_t n = setup.num_gpus;
+  std::vector<Parallelism> out;
+  if (n < 2) return out;
+  const Attention attention = setup.attention.value_or(Attention::fused);
+  const bool tp_ok = fw.offers_tensor_parallel && (setup.method == Method::full || fw.tensor_parallel_with_lora);
+  auto powers = [](int64_t limit) {
+    std::vector<int64_t> v;
+    for (int64_t d = 1; d <= limit; d *= 2) v.push_back(d);
+    return v;
+  };
+  // Tensor parallelism stays inside a node (its collectives are on every block's critical path).
+  const std::vector<int64_t> tps = tp_ok ? powers(std::min(n, hw.gpus_per_node)) : std::vector<int64_t>{1};
+  const std::vector<int64_t> cps = fw.offers_context_parallel && attention == Attention::fused ? powers(n) : std::vector<int64_t>{1};
+  std::vector<bool> sps{false};
+  if (fw.sequence_parallel == "always") sps = {true};
+  if (fw.sequence_parallel == "optional") sps = {true, false};
+  // How each layout's data-parallel degree shards: the framework's sharded data parallelism (or
+  // replicas), and hybrid sharding inside a node where the framework shards with FSDP.
+  std::vector<std::string> shardings = {"none"};
+  if (fw.default_sharding == "fsdp") shardings.insert(shardings.end(), {"fsdp", "fsdp_shard_grad_op", "hsdp"});
+  else shardings.insert(shardings.end(), {"zero1", "zero2", "zero3"});
+  for (int64_t tp : tps) {
+    if (n % tp) continue;
+    for (int64_t cp : cps) {
+      if ((n / tp) % cp) continue;
+      const int64_t rest = n / (tp * cp);
+      std::vector<int64_t> pps{1};
+      if (fw.offers_pipeline_parallel)
+        for (int64_t pp = 2; pp <= std::min(rest, model.num_layers); ++pp)
+          if (rest % pp == 0) pps.push_back(pp);
+      for (int64_t pp : pps) {
+        const int64_t dp = rest / pp;
+        std::vector<std::pair<PipelineSchedule, int64_t>> schedules{{PipelineSchedule::one_f_one_b, 1}};
+        if (pp > 1) {
+          schedules.clear();
+          for (PipelineSchedule sc : fw.pipeline_schedules) {
+            if (sc != PipelineSchedule::interleaved_1f1b) schedules.push_back({sc, 1});
+            else
+              for (int64_t v : {2, 4})
+                if (pp * v <= model.num_layers) schedules.push_back({sc, v});
+          }
+        }
+        for (bool sp : sps) {
+          if (sp && tp == 1) continue;
+          if (!sp && tp == 1 && sps.size() == 1 && sps[0]) {}  // tp = 1: no sequence parallelism to apply
+          for (const auto& [schedule, v] : schedules)
+            for (const std::string& sharding : shardings) {
+              Parallelism p;
+              p.tp = tp, p.cp = cp, p.pp = pp, p.sequence_parallel = sp && tp > 1;
+              p.schedule = pp > 1 ? schedule : PipelineSchedule::one_f_one_b;
+              p.virtual_stages = v;
+              if (sharding == "none") {
+                p.dp_replicate = dp;
+              } else if (sharding == "hsdp") {
+                // Shard over the ranks of one node, replicate across nodes.
+                const int64_t per_node = std::max<int64_t>(1, hw.gpus_per_node / (tp * cp));
+                if (dp <= per_node || dp % per_node) continue;
+                p.dp_shard = per_node, p.dp_replicate = dp / per_node;
+                p.sharding = Sharding::fsdp, p.zero_stage = 3;
+              } else {
+                if (dp < 2) continue;
+                p.dp_shard = dp;
+                p.sharding = sharding == "fsdp" || sharding == "fsdp_shard_grad_op" ? Sharding::fsdp : Sharding::zero;
+                p.zero_stage = sharding == "zero1" ? 1 : sharding == "zero2" ? 2 : 3;
+                p.reshard_after_forward = sharding != "fsdp_shard_grad_op";
+              }
+              if (tp == 1 && cp == 1 && pp == 1) continue;  // data parallelism alone: the presets
+              if (preset_of(p)) continue;                   // pipelines alone: the presets too
+              if (!parallelism_problems(p, model, setup, n, attention).empty()) continue;
+              out.push_back(p);
+            }
+        }
+      }
+    }
+  }
+  return out;
+}
+
+SearchSpace search_space(const ModelSpec& model, const HardwareSpec& hw, const TrainingSetup& setup, bool compositions) {
   SearchSpace space;
-  space.strategies = setup.strategy ? std::vector<Strategy>{*setup.strategy} : applicable_strategies(model, hw, setup);
+  if (setup.parallel) {
+    space.layouts = {layout_candidate(*setup.parallel)};
+  } else {
+    const std::vector<Strategy> presets = setup.strategy ? std::vector<Strategy>{*setup.strategy} : applicable_strategies(model, hw, setup);
+    for (Strategy s : presets) space.layouts.push_back(preset_candidate(s, setup.num_gpus, hw));
+    if (!setup.strategy && compositions)
+      for (const Parallelism& p : composition_layouts(model, hw, setup)) space.layouts.push_back(layout_candidate(p));
+  }
   if (setup.micro_batch) {
     space.micro_batches = {*setup.micro_batch};
   } else {
@@ -193,36 +285,67 @@ RankedCandidate evaluate_candidate(const PlanContext& ctx, const Candidate& c, O
 }
 
 PlanResult plan_job(const ModelSpec& model, const HardwareSpec& hw, const TrainingSetup& setup, Objective objective,
-                    const StepOptions& options) {
+                    const StepOptions& options, const SearchOptions& search) {
   PlanResult result;
   result.objective = objective;
-  const PlanContext ctx = prepare_plan(model, hw, setup, setup.num_gpus);
-  const SearchSpace space = search_space(model, hw, setup);
+  const SearchSpace space = search_space(model, hw, setup, search.compositions);
+  // One context per tensor/context-parallel cut: every layout of that cut shares its bytes.
+  std::map<ShardShape, PlanContext> contexts;
+  auto context_for = [&](const Parallelism& p) -> const PlanContext& {
+    const ShardShape shape = shard_shape(p);
+    auto it = contexts.find(shape);
+    if (it == contexts.end()) it = contexts.emplace(shape, prepare_plan(model, hw, setup, setup.num_gpus, shape)).first;
+    return it->second;
+  };
   auto better = [](const RankedCandidate& a, const RankedCandidate& b) { return a.score < b.score; };
 
-  for (Strategy strategy : space.strategies) {
+  std::vector<StrategyOutcome> compositions;
+  for (const Candidate& layout : space.layouts) {
+    const PlanContext& ctx = context_for(layout.parallel);
+    const bool composed = !preset_of(layout.parallel) && !setup.parallel;
     StrategyOutcome outcome;
-    outcome.strategy = strategy;
+    outcome.name = layout.name;
+    outcome.parallel = layout.parallel;
     bool have_smallest = false;
     for (Checkpointing ck : space.checkpointing)
       for (bool offload : space.activation_offload)
       for (Attention at : space.attention)
         for (int64_t b : space.micro_batches) {
           if (offload && ck != Checkpointing::full) continue;  // offloading moves the checkpointed inputs
-          RankedCandidate r = evaluate_candidate(ctx, {strategy, b, ck, at, offload}, objective, false, options);
+          Candidate c = layout;
+          c.micro_batch = b, c.checkpointing = ck, c.attention = at, c.activation_offload = offload;
+          RankedCandidate r = evaluate_candidate(ctx, c, objective, false, options);
           ++result.evaluated;
           if (r.memory.fits) {
             result.candidates.push_back(r);
             if (!outcome.feasible || better(r, outcome.best)) outcome.best = r;
             outcome.feasible = true;
-          } else if (!outcome.feasible && (!have_smallest || r.memory.per_gpu.total < outcome.best.memory.per_gpu.total)) {
-            outcome.best = r;
-            have_smallest = true;
+          } else {
+            if (!outcome.feasible && (!have_smallest || r.memory.per_gpu.total < outcome.best.memory.per_gpu.total)) {
+              outcome.best = r;
+              have_smallest = true;
+            }
+            // Memory grows with the micro-batch: a composition stops at the first that does not fit.
+            if (composed) break;
           }
         }
     // Re-evaluate the kept candidate with its explanation.
     outcome.best = evaluate_candidate(ctx, outcome.best.candidate, objective, true, options);
-    result.strategies.push_back(outcome);
+    (composed ? compositions : result.strategies).push_back(outcome);
+  }
+  // The compositions: the best few feasible ones are reported beside the presets (all of them stay
+  // in the ranked candidates).
+  std::vector<StrategyOutcome*> feasible;
+  for (auto& o : compositions)
+    if (o.feasible) feasible.push_back(&o);
+  std::sort(feasible.begin(), feasible.end(), [](const StrategyOutcome* a, const StrategyOutcome* b) { return a->best.score < b->best.score; });
+  result.compositions_considered = static_cast<int64_t>(compositions.size());
+  for (size_t i = 0; i < feasible.size() && i < search.compositions_reported; ++i) result.strategies.push_back(*feasible[i]);
+  if (feasible.empty() && !compositions.empty()) {  // none fits: the one closest to fitting
+    auto smallest = std::min_element(compositions.begin(), compositions.end(), [](const auto& a, const auto& b) {
+      return a.best.memory.per_gpu.total < b.best.memory.per_gpu.total;
+    });
+    result.strategies.push_back(*smallest);
   }
   sort_by_rank(result.candidates);
 
@@ -230,13 +353,13 @@ PlanResult plan_job(const ModelSpec& model, const HardwareSpec& hw, const Traini
   // always runs, slowly.
   bool fits_one = false;
   for (const auto& o : result.strategies)
-    if (o.strategy == Strategy::single && o.feasible) fits_one = true;
-  if (!fits_one && setup.num_gpus > 1 && !setup.strategy) {
+    if (o.parallel.gpus() == 1 && o.feasible) fits_one = true;
+  if (!fits_one && setup.num_gpus > 1 && !setup.strategy && !setup.parallel) {
     TrainingSetup one = setup;
     one.num_gpus = 1;
     const PlanContext ctx1 = prepare_plan(model, hw, one, 1);
     for (Checkpointing ck : {Checkpointing::none, Checkpointing::full})
-      fits_one = fits_one || estimate_memory(ctx1.memory, {Strategy::single, 1, ck, space.attention[0]}, 1, false).fits;
+      fits_one = fits_one || estimate_memory(ctx1.memory, preset_candidate(Strategy::single, 1, hw, 1, ck, space.attention[0]), 1, false).fits;
   }
 
   result.fits_one_gpu = fits_one;
@@ -254,7 +377,7 @@ void explain_plan(PlanResult& result, int64_t N) {
     const RankedCandidate& win = *result.recommended;
     const RankedCandidate* runner = nullptr;
     for (const auto& c : result.candidates)
-      if (c.candidate.strategy != win.candidate.strategy) {
+      if (c.candidate.parallel != win.candidate.parallel) {
         runner = &c;
         break;
       }
@@ -276,10 +399,10 @@ void explain_plan(PlanResult& result, int64_t N) {
       o.verdict = o.best.memory.reason + " (at micro-batch " + std::to_string(o.best.candidate.micro_batch) +
                   ", checkpointing " + to_string(o.best.candidate.checkpointing) +
                   (o.best.candidate.activation_offload ? ", activation offload" : "") + ")";
-    } else if (result.recommended && o.strategy == result.recommended->candidate.strategy) {
+    } else if (result.recommended && o.parallel == result.recommended->candidate.parallel) {
       o.verdict = "recommended";
     } else if (result.recommended && ties(o.best.score, result.recommended->score)) {
-      o.verdict = "ties with " + to_string(result.recommended->candidate.strategy) + " (within " +
+      o.verdict = "ties with " + result.recommended->candidate.name + " (within " +
                   format_fixed(kTieFraction * 100, 1) + "%); the simpler strategy is preferred";
     } else if (result.recommended) {
       o.verdict = ratio(o.best.score / result.recommended->score) + (objective == Objective::time ? " slower: " : " dearer: ") +
@@ -300,15 +423,16 @@ void explain_plan(PlanResult& result, int64_t N) {
   if (!result.recommended) {
     r << "Here nothing fits at all.";
   } else {
-    const Strategy w = result.recommended->candidate.strategy;
-    const bool agrees = to_string(w) == rule_name || (rule_name == "fsdp" && is_sharded(w));
+    const Parallelism& wp = result.recommended->candidate.parallel;
+    const std::string w = result.recommended->candidate.name;
+    const bool agrees = w == rule_name || (rule_name == "fsdp" && wp.shards_params() && wp.reshard_after_forward);
     if (agrees) {
-      r << "The numbers agree (" << to_string(w) << ").";
+      r << "The numbers agree (" << w << ").";
     } else {
       const StrategyOutcome* ruled = nullptr;
       for (const auto& o : result.strategies)
-        if (to_string(o.strategy) == rule_name) ruled = &o;
-      r << "The numbers disagree: " << to_string(w) << " wins";
+        if (o.name == rule_name) ruled = &o;
+      r << "The numbers disagree: " << w << " wins";
       if (ruled && ruled->feasible)
         r << "; " << rule_name << " is " << ruled->verdict;
       else if (ruled)

@@ -29,8 +29,10 @@ struct RankedCandidate {
   double score = 0;         // what the objective minimises
 };
 
+// The best candidate of one layout (a preset, or a composition of degrees).
 struct StrategyOutcome {
-  Strategy strategy = Strategy::single;
+  std::string name;         // "fsdp", "tp=8,pp=2,dp_shard=4"
+  Parallelism parallel;
   bool feasible = false;
   RankedCandidate best;     // the fastest/cheapest feasible candidate, or the smallest infeasible one
   std::string verdict;      // "recommended", "out of memory by ...", "1.9x slower: ..."
@@ -39,24 +41,39 @@ struct StrategyOutcome {
 struct PlanResult {
   Objective objective = Objective::time;
   std::vector<RankedCandidate> candidates;  // feasible, best first
-  std::vector<StrategyOutcome> strategies;  // one per strategy considered
+  std::vector<StrategyOutcome> strategies;  // one per layout considered (presets, then compositions)
   std::optional<RankedCandidate> recommended;
   std::string reason;         // why the winner beats the runner-up
   std::string knobs;          // why it uses (or not) checkpointing and activation offload
   std::string rule_of_thumb;  // the seeds' rules, and whether the numbers agree
   int64_t evaluated = 0;      // candidates evaluated
+  int64_t compositions_considered = 0;  // layouts beyond the presets (tp, cp, pp with data parallelism)
   bool fits_one_gpu = false;  // some candidate fits a single GPU (the rules of thumb hinge on it)
 };
 
 struct SearchSpace {
-  std::vector<Strategy> strategies;
+  std::vector<Candidate> layouts;  // name and parallel of each layout searched (the rest filled per candidate)
   std::vector<int64_t> micro_batches;
   std::vector<Checkpointing> checkpointing;
   std::vector<Attention> attention;
   std::vector<bool> activation_offload{false};
 };
+// How far the search goes beyond the presets.
+struct SearchOptions {
+  bool compositions = true;         // also compose tp, sp, cp and pp with data parallelism where the
+                                    // framework offers them (composition_layouts)
+  size_t compositions_reported = 5; // the best feasible compositions listed beside the presets
+};
+
+// Every layout of N GPUs the framework can run beyond the presets: tp (powers of two within a node)
+// x sp x cp x pp (with the framework's schedules, interleaved with 2 or 4 chunks per stage) x the
+// data-parallel rest (replicas, the framework's sharding, hybrid sharding per node); each valid for
+// the model (parallelism_problems).
+std::vector<Parallelism> composition_layouts(const ModelSpec& model, const HardwareSpec& hw, const TrainingSetup& setup);
+
 // What the user fixed stays fixed; the rest is searched (micro-batches 1, 2, 4, ... 64).
-SearchSpace search_space(const ModelSpec& model, const HardwareSpec& hw, const TrainingSetup& setup);
+SearchSpace search_space(const ModelSpec& model, const HardwareSpec& hw, const TrainingSetup& setup,
+                         bool compositions = true);
 
 // The rental price a plan is costed at, USD per GPU-hour: the user's --price-per-gpu-hour
 // (price_per_gpu_hour; in a sweep, for every GPU type), else the hwdb entry's dated price.
@@ -83,7 +100,7 @@ inline void sort_by_rank(std::vector<RankedCandidate>& items) {
 }
 
 PlanResult plan_job(const ModelSpec& model, const HardwareSpec& hw, const TrainingSetup& setup,
-                    Objective objective, const StepOptions& options = {});
+                    Objective objective, const StepOptions& options = {}, const SearchOptions& search = {});
 
 // Fills recommended, reason, each strategy's verdict and the rule-of-thumb line from the ranked
 // candidates (plan_job calls it; a re-ranking such as --simulate calls it again).

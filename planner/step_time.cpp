@@ -2,15 +2,16 @@
 
 #include <algorithm>
 #include <cmath>
+#include <stdexcept>
 
 #include "planner/precision.h"
 
 namespace ftplan {
 
 PlanContext prepare_plan(const ModelSpec& model, const HardwareSpec& hw, const TrainingSetup& setup,
-                         int64_t num_gpus) {
+                         int64_t num_gpus, const ShardShape& shape) {
   PlanContext c;
-  c.memory = prepare_job(model, hw, setup);
+  c.memory = prepare_job(model, hw, setup, shape);
   c.flops = flops_per_token(model, setup);
   c.num_gpus = std::max<int64_t>(1, num_gpus);
   c.net = interconnect_for(hw, c.num_gpus);
@@ -45,6 +46,27 @@ PlanContext prepare_plan(const ModelSpec& model, const HardwareSpec& hw, const T
   return c;
 }
 
+const Interconnect& PlanContext::group_net(const GroupPlacement& g) const {
+  const auto key = std::make_pair(g.size, g.stride);
+  auto it = group_nets.find(key);
+  if (it == group_nets.end()) it = group_nets.emplace(key, group_interconnect(*memory.hw, g.size, g.stride, num_gpus)).first;
+  return it->second;
+}
+
+double stage_unit_collective_s(const PlanContext& ctx, Collective c, UnitBytes which, const Interconnect& net,
+                               double layers, bool embedding, bool head) {
+  auto sum = [&](int64_t e, int64_t block, int64_t h) {
+    return (embedding ? collective_time_s(net, c, e) : 0.0) + layers * collective_time_s(net, c, block) +
+           (head ? collective_time_s(net, c, h) : 0.0);
+  };
+  switch (which) {
+    case UnitBytes::weights: return sum(ctx.embedding_weight_bytes, ctx.block_weight_bytes, ctx.head_weight_bytes);
+    case UnitBytes::gradients: return sum(ctx.embedding_grad_bytes, ctx.block_grad_bytes, ctx.head_grad_bytes);
+    case UnitBytes::updates: return sum(ctx.embedding_update_bytes, ctx.block_update_bytes, ctx.head_update_bytes);
+  }
+  return 0.0;
+}
+
 double per_unit_collective_s(const PlanContext& ctx, Collective c, UnitBytes which, const Interconnect& net) {
   const double L = static_cast<double>(ctx.memory.model->num_layers);
   auto sum = [&](int64_t embedding, int64_t block, int64_t head) {
@@ -59,10 +81,15 @@ double per_unit_collective_s(const PlanContext& ctx, Collective c, UnitBytes whi
 }
 
 BucketedTime ddp_bucketed_all_reduce(const PlanContext& ctx, const StepOptions& opt) {
+  return ddp_bucketed_all_reduce(ctx, opt, ctx.net, ctx.grad_bytes);
+}
+
+BucketedTime ddp_bucketed_all_reduce(const PlanContext& ctx, const StepOptions& opt, const Interconnect& net, double grad_bytes) {
+  (void)ctx;
   BucketedTime t;
-  const int64_t total = static_cast<int64_t>(ctx.grad_bytes);
+  const int64_t total = static_cast<int64_t>(grad_bytes);
   if (total <= 0) return t;
-  auto ar = [&](int64_t bytes) { return collective_time_s(ctx.net, Collective::all_reduce, static_cast<double>(bytes)); };
+  auto ar = [&](int64_t bytes) { return collective_time_s(net, Collective::all_reduce, static_cast<double>(bytes)); };
   const int64_t first = std::min(total, opt.ddp_first_bucket_bytes);
   t.total_s = ar(first);
   t.last_s = t.total_s;
@@ -86,8 +113,7 @@ namespace {
 // The bytes of one element of a block input as this job checkpoints it (memory_model.h).
 double residual_bytes_of(const PlanContext& ctx) {
   const auto& j = ctx.memory;
-  const double per_token = double(j.setup->memory_seq_len()) * j.model->hidden_size;
-  return per_token > 0 ? j.block_input_bytes_per_sample[0] / per_token : 2.0;
+  return double(j.residual_bytes[0]);
 }
 }  // namespace
 
@@ -95,17 +121,20 @@ StepEstimate estimate_step(const PlanContext& ctx, const Candidate& cand, const 
   const ModelSpec& model = *ctx.memory.model;
   const HardwareSpec& hw = *ctx.memory.hw;
   const TrainingSetup& setup = *ctx.memory.setup;
-  const Interconnect& net = ctx.net;
-  const int64_t N = ctx.num_gpus;
+  const Parallelism& par = cand.parallel;
+  if (!(shard_shape(par) == ctx.memory.shape))
+    throw std::logic_error("estimate_step: the candidate's tp/sp/cp differ from the plan context's shape");
   const double G = static_cast<double>(setup.grad_accum);
-  // Tokens per micro-batch per GPU: packed rows fill seq_len; padded batches are timed at the mean
-  // row length where the dataset gives one (the padding is not counted).
+  // Tokens per micro-batch per data-parallel replica: packed rows fill seq_len; padded batches are
+  // timed at the mean row length where the dataset gives one (the padding is not counted).
   const double row = !setup.packing && setup.dataset.mean_tokens_per_row > 0
                          ? std::min<double>(setup.dataset.mean_tokens_per_row, setup.seq_len)
                          : static_cast<double>(setup.seq_len);
   const double T = static_cast<double>(cand.micro_batch) * row;
   const double rate = ctx.peak_flops * ctx.efficiency;
   const bool ckpt = cand.checkpointing == Checkpointing::full;
+  // Tensor and context parallelism split every token's work: each rank computes 1/(tp·cp) of it.
+  const double split = static_cast<double>(par.tp * par.cp);
   // Selective checkpointing recomputes part of each block in backward: the attention core
   // (Korthikanti et al. 2022), or the matmuls torchtitan's policy does not save (k, o and up
   // projections) with the pointwise ops between them.
@@ -120,151 +149,227 @@ StepEstimate estimate_step(const PlanContext& ctx, const Candidate& cand, const 
     }
   }
 
-  // One micro-batch through the whole model on one GPU.
-  const double forward = ctx.flops.forward * T / rate;
-  const double backward = (ctx.flops.backward + (ckpt ? ctx.flops.block_forward : 0) + selective_recompute) * T / rate;
-  const double dequant = ctx.nf4_params ? nf4_dequant_time_s(ctx.nf4_params, hw) * (ckpt ? 3 : 2) : 0;
+  // One micro-batch through the whole model on one GPU (its 1/(tp·cp) share).
+  const double forward = ctx.flops.forward * T / rate / split;
+  const double backward = (ctx.flops.backward + (ckpt ? ctx.flops.block_forward : 0) + selective_recompute) * T / rate / split;
+  const double dequant = ctx.nf4_params ? nf4_dequant_time_s(ctx.nf4_params / par.tp, hw) * (ckpt ? 3 : 2) : 0;
   // Activation offloading: each block input goes to the host in forward and back in backward, on
   // its own stream (torchtune's OffloadActivations): only what compute cannot hide is exposed.
-  const double offload_bytes = cand.activation_offload ? 2.0 * model.num_layers * residual_bytes_of(ctx) * T * model.hidden_size : 0;
+  const double seq_split = static_cast<double>(par.cp * (par.sequence_parallel ? par.tp : 1));
+  const double offload_bytes =
+      cand.activation_offload ? 2.0 * model.num_layers * residual_bytes_of(ctx) * T * model.hidden_size / seq_split : 0;
   const double offload_s = offload_bytes / hw.pcie_host_bandwidth_bytes_per_s;
-  const double micro = forward + backward + dequant + (opt.overlap ? std::max(0.0, offload_s - (forward + backward)) : offload_s);
+  double micro = forward + backward + dequant + (opt.overlap ? std::max(0.0, offload_s - (forward + backward)) : offload_s);
 
-  auto time = [&](Collective c, double bytes) { return collective_time_s(net, c, bytes); };
-  // Communication `comm` hidden behind a compute window, except `unhideable`.
   auto exposed = [&](double comm, double window, double unhideable) {
     return opt.overlap ? std::max(std::min(comm, unhideable), comm - window) : comm;
   };
 
-  StepEstimate s;
-  double tokens = G * T;             // one replica
-  double per_step_exposed = 0, comm = 0, bytes = 0;
-  double optimizer = optimizer_step_time_s(ctx.trainable_params, hw);
-  double compute = G * micro;
-  switch (cand.strategy) {
-    case Strategy::single: break;
-    case Strategy::ddp: {
-      const BucketedTime ar = ddp_bucketed_all_reduce(ctx, opt);
-      comm = ar.total_s;
-      per_step_exposed = exposed(ar.total_s, backward, ar.last_s);
-      bytes = wire_bytes(Collective::all_reduce, ctx.grad_bytes, N);
-      tokens *= N;
-      break;
-    }
-    case Strategy::zero1:
-    case Strategy::zero2: {
-      // Per unit: gradients reduce-scattered as backward produces them; updated parameters gathered.
-      const double rs = per_unit_collective_s(ctx, Collective::reduce_scatter, UnitBytes::gradients, net);
-      const double ag = per_unit_collective_s(ctx, Collective::all_gather, UnitBytes::updates, net);
-      const double reductions = cand.strategy == Strategy::zero1 ? 1.0 : G;
-      const double rs_exposed = exposed(rs, backward, time(Collective::reduce_scatter, ctx.embedding_grad_bytes ? ctx.embedding_grad_bytes : ctx.block_grad_bytes));
-      comm = reductions * rs + ag;
-      per_step_exposed = reductions * rs_exposed + ag;
-      bytes = reductions * wire_bytes(Collective::reduce_scatter, ctx.grad_bytes, N) +
-              wire_bytes(Collective::all_gather, ctx.trainable_weight_bytes, N);
-      optimizer /= N;
-      tokens *= N;
-      break;
-    }
-    case Strategy::zero3:
-    case Strategy::fsdp:
-    case Strategy::fsdp_shard_grad_op:
-    case Strategy::fsdp_hybrid:
-    case Strategy::zero3_offload: {
-      const bool hybrid = cand.strategy == Strategy::fsdp_hybrid;
-      Interconnect shard_net = net;
-      if (hybrid) shard_net.nodes = 1, shard_net.num_gpus = net.gpus_per_node;
-      const int64_t shard = hybrid ? net.gpus_per_node : N;
-      auto stime = [&](Collective c, double b) { return collective_time_s(shard_net, c, b); };
-      const double gathers = cand.strategy == Strategy::fsdp_shard_grad_op ? 1.0 : 2.0;  // forward, backward
-      // Each unit is gathered before its forward and again before its backward (ZeRO-3: 1.5x DDP's
-      // volume), except that PyTorch FSDP keeps its last (root) unit gathered from forward into
-      // backward, and a frozen embedding (LoRA, QLoRA) has no backward: its input, the token ids,
-      // needs no gradient, so no pre-backward hook fires for it.
-      const bool full_shard = gathers == 2.0;
-      const double root_kept = cand.strategy == Strategy::fsdp || hybrid ? 1.0 : 0.0;
-      const double frozen_embedding = full_shard && ctx.embedding_grad_bytes == 0 ? 1.0 : 0.0;
-      double mb_comm = gathers * per_unit_collective_s(ctx, Collective::all_gather, UnitBytes::weights, shard_net) -
-                       root_kept * stime(Collective::all_gather, ctx.head_weight_bytes) -
-                       frozen_embedding * stime(Collective::all_gather, ctx.embedding_weight_bytes) +
-                       per_unit_collective_s(ctx, Collective::reduce_scatter, UnitBytes::gradients, shard_net);
-      const double gathered = gathers * ctx.weight_bytes - root_kept * ctx.head_weight_bytes -
-                              frozen_embedding * ctx.embedding_weight_bytes;
-      double mb_bytes = wire_bytes(Collective::all_gather, gathered, shard) +
-                        wire_bytes(Collective::reduce_scatter, ctx.grad_bytes, shard);
-      if (cand.strategy == Strategy::zero3_offload) {  // parameters come up from the host for each use
-        mb_comm += gathered / shard / net.host_bandwidth_bytes_per_s;
-      }
-      // The first unit's gather and the last unit's reduce-scatter have no compute to hide behind.
-      const double unhidden = stime(Collective::all_gather, ctx.embedding_weight_bytes) +
-                              stime(Collective::reduce_scatter, ctx.embedding_grad_bytes ? ctx.embedding_grad_bytes : ctx.block_grad_bytes);
-      comm = G * mb_comm;
-      per_step_exposed = G * exposed(mb_comm, micro, unhidden);
-      bytes = G * mb_bytes;
-      if (hybrid && net.nodes > 1) {  // replicas across nodes all-reduce their gradient shards
-        const double ar = collective_time_s(Collective::all_reduce, ctx.grad_bytes / shard, net.nodes,
-                                            net.inter_bandwidth_bytes_per_s, net.latency_s);
-        comm += ar;
-        per_step_exposed += ar;
-        bytes += wire_bytes(Collective::all_reduce, ctx.grad_bytes / shard, net.nodes);
-      }
-      optimizer = cand.strategy == Strategy::zero3_offload ? ctx.trainable_params / double(N) / kCpuAdamParamsPerS
-                                                           : optimizer / shard;
-      tokens *= N;
-      break;
-    }
-    case Strategy::zero2_offload: {
-      const double rs = per_unit_collective_s(ctx, Collective::reduce_scatter, UnitBytes::gradients, net);
-      const double down = ctx.grad_bytes / N / net.host_bandwidth_bytes_per_s;  // gradient shard to host
-      const double up = ctx.trainable_weight_bytes / N / net.host_bandwidth_bytes_per_s;
-      const double ag = per_unit_collective_s(ctx, Collective::all_gather, UnitBytes::updates, net);
-      comm = G * (rs + down) + up + ag;
-      per_step_exposed = G * exposed(rs + down, backward, time(Collective::reduce_scatter, ctx.block_grad_bytes)) + up + ag;
-      bytes = G * wire_bytes(Collective::reduce_scatter, ctx.grad_bytes, N) + wire_bytes(Collective::all_gather, ctx.trainable_weight_bytes, N);
-      optimizer = ctx.trainable_params / double(N) / kCpuAdamParamsPerS;
-      tokens *= N;
-      break;
-    }
-    case Strategy::mp:
-    case Strategy::pipeline_gpipe:
-    case Strategy::pipeline_1f1b: {
-      const double p = static_cast<double>(std::min<int64_t>(N, model.num_layers));
-      const double act = activation_bytes(setup.precision) * T * model.hidden_size;
-      const double hop = time(Collective::send_recv, act);  // one activation (or its gradient) to a neighbour
-      if (cand.strategy == Strategy::mp) {
-        // One stage busy at a time: a micro-batch walks through p stages forward and back.
-        compute = G * micro;
-        comm = G * 2 * (p - 1) * hop;
-        per_step_exposed = comm;
-        s.bubble_s = G * micro * (p - 1) / p;  // each GPU idles while the others work
-        s.bubble_fraction = (p - 1) / p;
-      } else {
-        // m micro-batches through p stages: (m + p - 1) slots of one stage's work.
-        const double m = G;
-        const double slot = micro / p + 2 * hop;
-        compute = m * micro / p;
-        comm = m * 2 * hop;
-        per_step_exposed = comm;
-        s.bubble_s = (p - 1) * slot;
-        s.bubble_fraction = (p - 1) / (m + p - 1);
-      }
-      // The busiest stage: a middle one sends each micro-batch's activation forward and its
-      // gradient back; with two stages each sends one of the two.
-      bytes = G * act * (p > 2 ? 2 : p > 1 ? 1 : 0);
-      optimizer /= p;
-      break;
+  // Tensor parallelism (Megatron-LM, Shoeybi et al. 2019): per block two all-reduces of the activations
+  // in forward (after the row-parallel o_proj and down_proj) and two in backward (the input gradients of
+  // the column-parallel q/k/v and gate/up), two more when full checkpointing recomputes the forward;
+  // with sequence parallelism each becomes a reduce-scatter plus an all-gather, the same volume
+  // (Korthikanti et al. 2022, sec. 4.2.2). The vocabulary-parallel embedding all-reduces its output,
+  // the head its input gradient. On the critical path: not overlapped.
+  double tp_comm = 0, tp_bytes = 0;
+  const double act_elem = activation_bytes(setup.precision);
+  if (par.tp > 1) {
+    const Interconnect& tp_net = ctx.group_net(tp_group(par));
+    const double act = act_elem * (T / par.cp) * model.hidden_size;
+    const double per_layer = 4.0 + (ckpt ? 2.0 : 0.0);
+    const double count = per_layer * model.num_layers + 2.0;
+    if (par.sequence_parallel) {
+      tp_comm = count * (collective_time_s(tp_net, Collective::reduce_scatter, act) + collective_time_s(tp_net, Collective::all_gather, act));
+      tp_bytes = count * (wire_bytes(Collective::reduce_scatter, act, par.tp) + wire_bytes(Collective::all_gather, act, par.tp));
+    } else {
+      tp_comm = count * collective_time_s(tp_net, Collective::all_reduce, act);
+      tp_bytes = count * wire_bytes(Collective::all_reduce, act, par.tp);
     }
   }
+  // Context parallelism: each layer's attention needs every chunk's K and V. Ring: cp - 1 chunks
+  // passed around in forward, K/V and their gradients in backward, each step overlapped with the
+  // attention over the chunk in hand (ring attention, Liu et al. 2023); all-gather: K and V gathered
+  // in forward, gathered again and their gradients reduce-scattered in backward, not overlapped
+  // (torch's context_parallel default).
+  double cp_comm = 0, cp_exposed = 0, cp_bytes = 0;
+  if (par.cp > 1) {
+    const Interconnect& cp_net = ctx.group_net(cp_group(par));
+    const double kv_per_rank = double(model.kv_dim()) * std::max<int64_t>(1, model.num_kv_heads >= par.tp ? 1 : par.tp / model.num_kv_heads) / par.tp;
+    const double kv_all = 2.0 * act_elem * T * kv_per_rank;  // K and V of the whole sequence, one TP rank's heads
+    const double L = model.num_layers;
+    const double passes = ckpt ? 2.0 : 1.0;  // full checkpointing exchanges again while it recomputes
+    if (par.cp_mode == ContextParallel::ring) {
+      const double chunk = kv_all / par.cp;
+      const double step = collective_time_s(Collective::send_recv, chunk, 2, cp_net.nodes > 1 ? std::min(cp_net.p2p_bandwidth_bytes_per_s, cp_net.inter_bandwidth_bytes_per_s) : cp_net.p2p_bandwidth_bytes_per_s, cp_net.latency_s);
+      const double fwd_comm = (par.cp - 1) * step, bwd_comm = 2.0 * (par.cp - 1) * step;
+      const double attn_fwd = ctx.flops.block_attention * T / rate / split;
+      cp_comm = L * (passes * fwd_comm + bwd_comm);
+      cp_exposed = L * (passes * exposed(fwd_comm, attn_fwd, 0.0) + exposed(bwd_comm, 2.0 * attn_fwd, 0.0));
+      cp_bytes = L * (passes + 2.0) * (par.cp - 1) * chunk;
+    } else {
+      const double ag = collective_time_s(cp_net, Collective::all_gather, kv_all);
+      const double rs = collective_time_s(cp_net, Collective::reduce_scatter, kv_all);
+      cp_comm = L * ((passes + 1.0) * ag + rs);
+      cp_exposed = cp_comm;
+      cp_bytes = L * ((passes + 1.0) * wire_bytes(Collective::all_gather, kv_all, par.cp) + wire_bytes(Collective::reduce_scatter, kv_all, par.cp));
+    }
+  }
+  micro += tp_comm + cp_exposed;
+
+  StepEstimate s;
+  double tokens = G * T * static_cast<double>(par.dp());  // every data-parallel replica's micro-batches
+  double per_step_exposed = 0, comm = 0, bytes = 0;
+  const double model_parallel = static_cast<double>(par.tp * par.pp);
+  double optimizer = optimizer_step_time_s(ctx.trainable_params, hw) / model_parallel;
+  double compute = G * micro;
+  const int64_t shard = par.shard_group();
+  const Interconnect& shard_net = ctx.group_net(shard_group(par));
+  const Interconnect& grad_net = ctx.group_net(grad_group(par));
+  auto stime = [&](Collective c, double b) { return collective_time_s(shard_net, c, b); };
+
+  if (par.pp > 1) {
+    const double p = static_cast<double>(par.pp);
+    const double v = par.schedule == PipelineSchedule::interleaved_1f1b ? static_cast<double>(par.virtual_stages) : 1.0;
+    // One activation (or its gradient) to the neighbouring stage: sequence-parallel stages send their
+    // 1/tp of the tokens.
+    const double act = act_elem * T * model.hidden_size / seq_split;
+    const Interconnect& pp_net = ctx.group_net(pp_group(par));
+    const double hop = collective_time_s(pp_net, Collective::send_recv, act);
+    if (par.schedule == PipelineSchedule::naive) {
+      // One stage busy at a time: a micro-batch walks through p stages forward and back.
+      compute = G * micro;
+      comm = G * 2 * (p - 1) * hop;
+      per_step_exposed = comm;
+      s.bubble_s = G * micro * (p - 1) / p;  // each GPU idles while the others work
+      s.bubble_fraction = (p - 1) / p;
+    } else {
+      // m micro-batches through p stages of v chunks each: (v·m + p - 1) slots of one chunk's work
+      // (GPipe, 1F1B: v = 1; interleaved: the bubble shrinks v-fold, Narayanan et al. 2021, sec. 2.2).
+      const double m = G;
+      const double slot = micro / (p * v) + 2 * hop;
+      compute = m * micro / p;
+      comm = m * v * 2 * hop;
+      per_step_exposed = comm;
+      s.bubble_s = (p - 1) * slot;
+      s.bubble_fraction = (p - 1) / (v * m + p - 1);
+    }
+    // The busiest stage: a middle one sends each micro-batch's activation forward and its
+    // gradient back; with two stages each sends one of the two.
+    bytes = G * v * act * (p > 2 ? 2 : p > 1 ? 1 : 0);
+    // Data parallelism over each stage: its gradients (and, sharded, its parameters), once per
+    // optimizer step after the stage's last backward, exposed.
+    const double layers = std::ceil(double(model.num_layers) / p);
+    if (par.grad_group() > 1) {
+      const double stage_grads = layers * ctx.block_grad_bytes + std::max(ctx.embedding_grad_bytes, ctx.head_grad_bytes);
+      double dp_comm = 0, dp_bytes = 0;
+      if (par.sharding == Sharding::none) {
+        dp_comm = stage_unit_collective_s(ctx, Collective::all_reduce, UnitBytes::gradients, grad_net, layers, true, false);
+        dp_bytes = wire_bytes(Collective::all_reduce, stage_grads, par.grad_group());
+      } else {
+        dp_comm = stage_unit_collective_s(ctx, Collective::reduce_scatter, UnitBytes::gradients, shard_net, layers, true, false);
+        dp_bytes = wire_bytes(Collective::reduce_scatter, stage_grads, shard);
+        if (par.shards_params()) {  // parameters gathered once per step and kept through the micro-batches
+          const double stage_weights = layers * ctx.block_weight_bytes + std::max(ctx.embedding_weight_bytes, ctx.head_weight_bytes);
+          dp_comm += stage_unit_collective_s(ctx, Collective::all_gather, UnitBytes::weights, shard_net, layers, true, false);
+          dp_bytes += wire_bytes(Collective::all_gather, stage_weights, shard);
+        } else {  // ZeRO-1: the updated parameters gathered after the step
+          const double stage_updates = layers * ctx.block_update_bytes + std::max(ctx.embedding_update_bytes, ctx.head_update_bytes);
+          dp_comm += stage_unit_collective_s(ctx, Collective::all_gather, UnitBytes::updates, shard_net, layers, true, false);
+          dp_bytes += wire_bytes(Collective::all_gather, stage_updates, shard);
+        }
+        if (par.dp_replicate > 1) {
+          const double ar = collective_time_s(ctx.group_net(replicate_group(par)), Collective::all_reduce, stage_grads / shard);
+          dp_comm += ar;
+          dp_bytes += wire_bytes(Collective::all_reduce, stage_grads / shard, par.dp_replicate);
+        }
+        optimizer /= shard;
+      }
+      comm += dp_comm;
+      per_step_exposed += dp_comm;
+      bytes += dp_bytes;
+    }
+  } else if (par.sharding == Sharding::none) {
+    if (par.grad_group() > 1) {  // DDP
+      const BucketedTime ar = ddp_bucketed_all_reduce(ctx, opt, grad_net, ctx.grad_bytes);
+      comm = ar.total_s;
+      per_step_exposed = exposed(ar.total_s, backward, ar.last_s);
+      bytes = wire_bytes(Collective::all_reduce, ctx.grad_bytes, par.grad_group());
+    }
+  } else if (!par.shards_params() && !par.offload_optimizer) {
+    // ZeRO-1/2, per unit: gradients reduce-scattered as backward produces them; updated parameters gathered.
+    const double rs = per_unit_collective_s(ctx, Collective::reduce_scatter, UnitBytes::gradients, shard_net);
+    const double ag = per_unit_collective_s(ctx, Collective::all_gather, UnitBytes::updates, shard_net);
+    const double reductions = par.zero_stage == 1 ? 1.0 : G;
+    const double rs_exposed = exposed(rs, backward, stime(Collective::reduce_scatter, ctx.embedding_grad_bytes ? ctx.embedding_grad_bytes : ctx.block_grad_bytes));
+    comm = reductions * rs + ag;
+    per_step_exposed = reductions * rs_exposed + ag;
+    bytes = reductions * wire_bytes(Collective::reduce_scatter, ctx.grad_bytes, shard) +
+            wire_bytes(Collective::all_gather, ctx.trainable_weight_bytes, shard);
+    optimizer /= shard;
+  } else if (!par.shards_params()) {
+    // ZeRO-Offload (stage 1/2): gradient shards to the host, Adam on the CPU, updated shards back.
+    const double rs = per_unit_collective_s(ctx, Collective::reduce_scatter, UnitBytes::gradients, shard_net);
+    const double down = ctx.grad_bytes / shard / shard_net.host_bandwidth_bytes_per_s;  // gradient shard to host
+    const double up = ctx.trainable_weight_bytes / shard / shard_net.host_bandwidth_bytes_per_s;
+    const double ag = per_unit_collective_s(ctx, Collective::all_gather, UnitBytes::updates, shard_net);
+    comm = G * (rs + down) + up + ag;
+    per_step_exposed = G * exposed(rs + down, backward, stime(Collective::reduce_scatter, ctx.block_grad_bytes)) + up + ag;
+    bytes = G * wire_bytes(Collective::reduce_scatter, ctx.grad_bytes, shard) + wire_bytes(Collective::all_gather, ctx.trainable_weight_bytes, shard);
+    optimizer = ctx.trainable_params / model_parallel / double(shard) / kCpuAdamParamsPerS;
+  } else {
+    // ZeRO-3 / FSDP: each unit gathered before use, gradients reduce-scattered.
+    const double gathers = par.reshard_after_forward ? 2.0 : 1.0;  // forward, backward
+    // Each unit is gathered before its forward and again before its backward (ZeRO-3: 1.5x DDP's
+    // volume), except that PyTorch FSDP keeps its last (root) unit gathered from forward into
+    // backward, and a frozen embedding (LoRA, QLoRA) has no backward: its input, the token ids,
+    // needs no gradient, so no pre-backward hook fires for it.
+    const bool full_shard = gathers == 2.0;
+    const double root_kept = par.sharding == Sharding::fsdp && par.reshard_after_forward ? 1.0 : 0.0;
+    const double frozen_embedding = full_shard && ctx.embedding_grad_bytes == 0 ? 1.0 : 0.0;
+    double mb_comm = gathers * per_unit_collective_s(ctx, Collective::all_gather, UnitBytes::weights, shard_net) -
+                     root_kept * stime(Collective::all_gather, ctx.head_weight_bytes) -
+                     frozen_embedding * stime(Collective::all_gather, ctx.embedding_weight_bytes) +
+                     per_unit_collective_s(ctx, Collective::reduce_scatter, UnitBytes::gradients, shard_net);
+    const double gathered = gathers * ctx.weight_bytes - root_kept * ctx.head_weight_bytes -
+                            frozen_embedding * ctx.embedding_weight_bytes;
+    double mb_bytes = wire_bytes(Collective::all_gather, gathered, shard) +
+                      wire_bytes(Collective::reduce_scatter, ctx.grad_bytes, shard);
+    if (par.offload_params) {  // parameters come up from the host for each use
+      mb_comm += gathered / shard / shard_net.host_bandwidth_bytes_per_s;
+    }
+    // The first unit's gather and the last unit's reduce-scatter have no compute to hide behind.
+    const double unhidden = stime(Collective::all_gather, ctx.embedding_weight_bytes) +
+                            stime(Collective::reduce_scatter, ctx.embedding_grad_bytes ? ctx.embedding_grad_bytes : ctx.block_grad_bytes);
+    comm = G * mb_comm;
+    per_step_exposed = G * exposed(mb_comm, micro, unhidden);
+    bytes = G * mb_bytes;
+    if (par.offload_optimizer && !par.offload_params) {  // gradient shards down, updated shards up
+      const double down = ctx.grad_bytes / shard / shard_net.host_bandwidth_bytes_per_s;
+      const double up = ctx.trainable_weight_bytes / shard / shard_net.host_bandwidth_bytes_per_s;
+      comm += G * down + up;
+      per_step_exposed += G * down + up;
+    }
+    if (par.dp_replicate > 1) {  // replicas (HSDP) all-reduce their gradient shards
+      const double ar = collective_time_s(ctx.group_net(replicate_group(par)), Collective::all_reduce, ctx.grad_bytes / shard);
+      comm += ar;
+      per_step_exposed += ar;
+      bytes += wire_bytes(Collective::all_reduce, ctx.grad_bytes / shard, par.dp_replicate);
+    }
+    optimizer = par.offload_optimizer ? ctx.trainable_params / model_parallel / double(shard) / kCpuAdamParamsPerS
+                                      : optimizer / shard;
+  }
+  comm += G * (tp_comm + cp_comm);
+  bytes += G * (tp_bytes + cp_bytes);
   s.compute_s = compute;
   s.comm_s = comm;
   s.exposed_comm_s = per_step_exposed;
   s.optimizer_s = optimizer;
-  const bool pipelined = cand.strategy == Strategy::pipeline_gpipe || cand.strategy == Strategy::pipeline_1f1b;
+  const bool pipelined = par.pp > 1 && par.schedule != PipelineSchedule::naive;
   s.step_time_s = compute + per_step_exposed + optimizer + (pipelined ? s.bubble_s : 0);
   s.tokens_per_step = tokens;
   s.tokens_per_s = tokens / s.step_time_s;
   s.flops_per_step = ctx.flops.model * tokens;
-  const int64_t gpus_used = cand.strategy == Strategy::single ? 1 : N;
+  const int64_t gpus_used = std::max<int64_t>(1, par.gpus());
   s.mfu = s.flops_per_step / (s.step_time_s * gpus_used * ctx.peak_flops);
   s.comm_bytes_per_step = bytes;
   return s;

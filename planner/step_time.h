@@ -12,7 +12,9 @@
 // no_sync, ZeRO-1); ZeRO-2/3 and FSDP communicate on every micro-batch.
 #pragma once
 
+#include <map>
 #include <string>
+#include <utility>
 
 #include "planner/collectives.h"
 #include "planner/compute_model.h"
@@ -40,11 +42,18 @@ struct PlanContext {
   int64_t nf4_params = 0;
   int64_t trainable_params = 0;
   int64_t num_gpus = 1;
+
+  // The network of one process group (planner/parallelism.h GroupPlacement), computed once per
+  // (size, stride) and kept: a search meets the same groups in many layouts.
+  const Interconnect& group_net(const GroupPlacement& group) const;
+  mutable std::map<std::pair<int64_t, int64_t>, Interconnect> group_nets;
 };
 
 // The pointers inside must outlive the context.
+// `shape`: the tensor/context-parallel cut the per-unit bytes are for (memory_model.h ShardShape);
+// a candidate is evaluated against the context of its own shape.
 PlanContext prepare_plan(const ModelSpec& model, const HardwareSpec& hw, const TrainingSetup& setup,
-                         int64_t num_gpus);
+                         int64_t num_gpus, const ShardShape& shape = {});
 
 struct StepOptions {
   bool overlap = true;                          // false: every communication is exposed
@@ -73,6 +82,9 @@ enum class UnitBytes { weights, gradients, updates };
 
 // One collective issued per unit (embedding, every block, head): the sum of their times.
 double per_unit_collective_s(const PlanContext& context, Collective c, UnitBytes which, const Interconnect& net);
+// The same over one pipeline stage's units: `layers` blocks, and the embedding and head where it holds them.
+double stage_unit_collective_s(const PlanContext& context, Collective c, UnitBytes which, const Interconnect& net,
+                               double layers, bool embedding, bool head);
 
 // DDP's gradient all-reduce in buckets: the first of ddp_first_bucket_bytes, then ddp_bucket_bytes
 // each, then the remainder (a bucket may span units); returns the sum of their times and the last
@@ -82,6 +94,8 @@ struct BucketedTime {
   int64_t buckets = 0;
 };
 BucketedTime ddp_bucketed_all_reduce(const PlanContext& context, const StepOptions& options);
+BucketedTime ddp_bucketed_all_reduce(const PlanContext& context, const StepOptions& options, const Interconnect& net,
+                                     double grad_bytes);
 
 StepEstimate estimate_step(const PlanContext& context, const Candidate& candidate, const StepOptions& options = {});
 

@@ -1,5 +1,7 @@
 #include "planner/sweep.h"
 
+#include <map>
+
 #include <algorithm>
 #include <iomanip>
 #include <sstream>
@@ -23,14 +25,23 @@ std::vector<SweepRow> run_sweep(const ModelSpec& model, const std::vector<Hardwa
       TrainingSetup setup = base;
       setup.gpu = hw.id;
       setup.num_gpus = n;
-      const PlanContext ctx = prepare_plan(model, hw, setup, n);
       const SearchSpace space = search_space(model, hw, setup);
-      for (Strategy s : space.strategies) {
+      std::map<ShardShape, PlanContext> contexts;  // one per tensor/context-parallel cut
+      for (Candidate layout : space.layouts) {
+        // A fixed composition keeps its model-parallel degrees and scales its data parallelism.
+        const auto scaled = scaled_layout(layout.parallel, n, hw);
+        if (!scaled) continue;
+        layout.parallel = *scaled;
+        const ShardShape shape = shard_shape(layout.parallel);
+        if (!contexts.count(shape)) contexts.emplace(shape, prepare_plan(model, hw, setup, n, shape));
+        const PlanContext& ctx = contexts.at(shape);
         std::optional<RankedCandidate> best;
         for (Checkpointing ck : space.checkpointing)
           for (Attention at : space.attention)
             for (int64_t b : space.micro_batches) {
-              RankedCandidate r = evaluate_candidate(ctx, {s, b, ck, at}, objective);
+              Candidate c = layout;
+              c.micro_batch = b, c.checkpointing = ck, c.attention = at;
+              RankedCandidate r = evaluate_candidate(ctx, c, objective);
               if (evaluated) ++*evaluated;
               if (!r.memory.fits || !within(r)) continue;
               if (all_candidates) rows.push_back({hw.id, n, r});
@@ -53,7 +64,7 @@ struct Cells {
     const RankedCandidate& c = r.result;
     return {r.gpu,
             std::to_string(r.gpus),
-            to_string(c.candidate.strategy),
+            c.candidate.name,
             std::to_string(c.candidate.micro_batch),
             to_string(c.candidate.checkpointing),
             format_fixed(c.memory.per_gpu.total / double(1LL << 30), 2),
@@ -88,7 +99,17 @@ std::string sweep_csv(const std::vector<SweepRow>& rows) {
   Cells cells;
   std::ostringstream out;
   auto write = [&](const std::vector<std::string>& line) {
-    for (size_t i = 0; i < line.size(); ++i) out << (i ? "," : "") << line[i];
+    // RFC 4180: a field holding a comma or a quote is quoted (a composition's name, "tp=2,dp_shard=2").
+    for (size_t i = 0; i < line.size(); ++i) {
+      out << (i ? "," : "");
+      if (line[i].find_first_of(",\"") == std::string::npos) {
+        out << line[i];
+        continue;
+      }
+      out << '"';
+      for (char c : line[i]) out << (c == '"' ? "\"\"" : std::string(1, c));
+      out << '"';
+    }
     out << "\n";
   };
   write(cells.header);

@@ -70,18 +70,30 @@ std::vector<std::pair<size_t, int>> route(const BuiltGraph& b, const Topology& t
 }  // namespace
 
 RingBandwidth ring_bandwidth(const Topology& t, int64_t num_gpus) {
+  const int64_t gpus = static_cast<int64_t>(std::count_if(t.vertices.begin(), t.vertices.end(),
+                                                          [](const TopologyVertex& v) { return v.kind == "gpu"; }));
+  std::vector<int64_t> ring;
+  for (int64_t k = 0; k < std::min(num_gpus, gpus); ++k) ring.push_back(k);
+  return concurrent_ring_bandwidth(t, {ring});
+}
+
+RingBandwidth concurrent_ring_bandwidth(const Topology& t, const std::vector<std::vector<int64_t>>& rings) {
   const BuiltGraph b = build(t);
-  const int64_t n = std::min<int64_t>(num_gpus, static_cast<int64_t>(b.gpu_vertices.size()));
   RingBandwidth r;
-  if (n < 2) {
-    r.bytes_per_s = std::numeric_limits<double>::infinity();
+  r.bytes_per_s = std::numeric_limits<double>::infinity();
+  std::map<std::pair<size_t, int>, int> load;  // (link, direction) -> ring hops
+  bool any = false;
+  for (const auto& ring : rings) {
+    const int64_t n = static_cast<int64_t>(ring.size());
+    if (n < 2) continue;
+    any = true;
+    for (int64_t k = 0; k < n; ++k)
+      for (const auto& hop : route(b, t, b.gpu_vertices.at(ring[k]), b.gpu_vertices.at(ring[(k + 1) % n]))) ++load[hop];
+  }
+  if (!any) {
     r.bottleneck = "one GPU: no communication";
     return r;
   }
-  std::map<std::pair<size_t, int>, int> load;  // (link, direction) -> ring hops
-  for (int64_t k = 0; k < n; ++k)
-    for (const auto& hop : route(b, t, b.gpu_vertices[k], b.gpu_vertices[(k + 1) % n])) ++load[hop];
-  r.bytes_per_s = std::numeric_limits<double>::infinity();
   for (const auto& [hop, hops] : load) {
     const TopologyLink& link = t.links[hop.first];
     double share = link.bandwidth_bytes_per_s / hops;

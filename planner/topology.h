@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "planner/hardware_spec.h"
 
@@ -17,6 +18,11 @@ struct RingBandwidth {
 
 // The ring over the first `num_gpus` GPUs of the node (2 <= num_gpus <= GPUs in the topology).
 RingBandwidth ring_bandwidth(const Topology& topology, int64_t num_gpus);
+
+// Several rings at once, each over its GPUs (by index), as the process groups of one parallel
+// dimension run their collectives together: each link's bandwidth is shared by every hop of every
+// ring that crosses it; the result is the slowest hop's share.
+RingBandwidth concurrent_ring_bandwidth(const Topology& topology, const std::vector<std::vector<int64_t>>& rings);
 
 // The bottleneck bandwidth of the path between two GPUs (by index among the GPU vertices).
 double path_bandwidth(const Topology& topology, int64_t gpu_a, int64_t gpu_b);

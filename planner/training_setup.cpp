@@ -162,6 +162,9 @@ nlohmann::json training_setup_to_json(const TrainingSetup& s) {
   if (s.checkpointing) j["checkpointing"] = to_string(*s.checkpointing);
   if (s.attention) j["attention"] = to_string(*s.attention);
   if (s.strategy) j["strategy"] = to_string(*s.strategy);
+  if (s.parallel) j["parallel"] = to_string(*s.parallel);
+  if (s.nodes) j["nodes"] = *s.nodes;
+  if (s.gpus_per_node) j["gpus_per_node"] = *s.gpus_per_node;
   if (s.efficiency) j["efficiency"] = *s.efficiency;
   if (s.dataset.rows || s.dataset.tokens) {
     nlohmann::json d;

@@ -11,6 +11,8 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "planner/parallelism.h"
+
 namespace ftplan {
 
 enum class Method { full, lora, qlora };
@@ -118,8 +120,15 @@ struct TrainingSetup {
   std::optional<int64_t> micro_batch;         // samples per GPU per micro-batch, e.g. 4
   std::optional<Checkpointing> checkpointing;
   std::optional<Attention> attention;
-  std::optional<Strategy> strategy;
+  std::optional<Strategy> strategy;           // a preset (planner/parallelism.h)
+  std::optional<Parallelism> parallel;        // or a composition: --parallel "tp=8,pp=2,dp_shard=4"
+  std::string parallel_text;                  // as given; apply_framework re-reads it with the
+                                              // framework's default sharding for dp_shard
   std::optional<double> efficiency;           // overrides the hwdb's matmul_efficiency
+
+  // Topology: nodes x GPUs per node (defaults: the hwdb entry's GPUs per node; gpus = nodes x that).
+  std::optional<int64_t> nodes;
+  std::optional<int64_t> gpus_per_node;
 
   // Executor settings, carried through the plan file to ftexec.
   int64_t steps = 20;

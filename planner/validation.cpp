@@ -53,12 +53,13 @@ ValidationCase run_case(const nlohmann::json& c, const std::map<std::string, std
   setup.headroom_fraction = 0;  // a published OOM is judged against the whole GPU
   const ModelSpec model = load_model(setup.model);
   apply_model(setup, model);
-  const HardwareSpec hw = load_hardware(setup.gpu);
-  const Candidate cand = candidate_from_setup(setup, setup.strategy.value_or(Strategy::single));
-  const PlanContext ctx = prepare_plan(model, hw, setup, setup.num_gpus);
+  HardwareSpec hw = load_hardware(setup.gpu);
+  apply_topology(setup, hw);
+  const Candidate cand = candidate_from_setup(setup, hw);
+  const PlanContext ctx = prepare_plan(model, hw, setup, setup.num_gpus, shard_shape(cand.parallel));
   const RankedCandidate r = evaluate_candidate(ctx, cand, Objective::time, true);
   v.framework = setup.framework;
-  v.strategy = to_string(cand.strategy);
+  v.strategy = cand.name;
   v.method = to_string(setup.method);
   v.scored = true;
   const double predicted = figure_for(r.memory, v.metric);

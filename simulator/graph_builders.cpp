@@ -137,10 +137,6 @@ std::size_t ddp_bucket_count_bound(const StepInputs& in) {
   return static_cast<std::size_t>(total / in.bucket_bytes) + 2;
 }
 
-bool strategy_in(Strategy s, std::initializer_list<Strategy> set) {
-  return std::find(set.begin(), set.end(), s) != set.end();
-}
-
 }  // namespace
 
 std::vector<DdpBucket> ddp_bucket_plan(const StepInputs& in) {
@@ -166,16 +162,16 @@ std::vector<DdpBucket> ddp_bucket_plan(const StepInputs& in) {
   return plan;
 }
 
-std::vector<PipelineSlot> pipeline_stage_order(Strategy strategy, int stage, int stages,
+std::vector<PipelineSlot> pipeline_stage_order(PipelineSchedule schedule, int stage, int stages,
                                                int micro_batches) {
   std::vector<PipelineSlot> order;
   const int m = micro_batches;
-  if (strategy == Strategy::mp) {
+  if (schedule == PipelineSchedule::naive) {
     for (int k = 0; k < m; ++k) {
       order.push_back({k, true});
       order.push_back({k, false});
     }
-  } else if (strategy == Strategy::pipeline_gpipe) {
+  } else if (schedule == PipelineSchedule::gpipe) {
     // GPipe (Huang et al. 2019, fig. 2c): all forwards, then all backwards in reverse.
     for (int k = 0; k < m; ++k) order.push_back({k, true});
     for (int k = m - 1; k >= 0; --k) order.push_back({k, false});
@@ -194,24 +190,21 @@ std::vector<PipelineSlot> pipeline_stage_order(Strategy strategy, int stage, int
 
 OpGraph build_data_parallel_graph(const StepInputs& in) {
   validate_step_inputs(in);
-  const Strategy s = in.strategy;
+  const Parallelism& par = in.parallel;
   const int layers = static_cast<int>(in.layers.size());
   const int m = in.micro_batches;
-  const int64_t n = in.num_gpus;
-  const bool full_shard =
-      strategy_in(s, {Strategy::zero3, Strategy::fsdp, Strategy::fsdp_hybrid, Strategy::zero3_offload});
-  const bool gathers = full_shard || s == Strategy::fsdp_shard_grad_op;
+  const int64_t n = std::max<int64_t>(1, par.shard_group());
+  const bool ddp = par.sharding == Sharding::none && par.grad_group() > 1;
+  const bool full_shard = par.shards_params() && par.reshard_after_forward;
+  const bool gathers = par.shards_params();
   // PyTorch FSDP does not reshard the last (root) unit after forward; DeepSpeed ZeRO-3 regathers it.
-  const bool keeps_last = strategy_in(s, {Strategy::fsdp, Strategy::fsdp_hybrid});
-  const bool reduce_every_mb =
-      strategy_in(s, {Strategy::zero2, Strategy::zero2_offload, Strategy::zero3, Strategy::zero3_offload,
-                      Strategy::fsdp, Strategy::fsdp_shard_grad_op, Strategy::fsdp_hybrid});
-  const bool reduce_scatters = reduce_every_mb || s == Strategy::zero1;
-  const bool offload = strategy_in(s, {Strategy::zero2_offload, Strategy::zero3_offload});
-  const bool gather_after_step = strategy_in(s, {Strategy::zero1, Strategy::zero2, Strategy::zero2_offload});
-
+  const bool keeps_last = par.sharding == Sharding::fsdp && par.reshard_after_forward;
+  const bool reduce_every_mb = par.shards_gradients();
+  const bool reduce_scatters = par.sharding != Sharding::none;
+  const bool offload = par.offload_optimizer;
+  const bool gather_after_step = par.sharding != Sharding::none && !par.shards_params();
   const std::size_t expected_ops = static_cast<std::size_t>(m) * layers * 6 + 2 * static_cast<std::size_t>(layers) +
-                                   (s == Strategy::ddp ? ddp_bucket_count_bound(in) : 0) + 1;
+                                   (ddp ? ddp_bucket_count_bound(in) : 0) + 1;
   Builder b(in, 1, in.num_gpus, expected_ops);
   b.alloc("static: weights, gradients, optimizer states", 0, in.static_bytes_per_rank, kNoOp);
 
@@ -245,7 +238,7 @@ OpGraph build_data_parallel_graph(const StepInputs& in) {
   const std::size_t ahead = 1 + static_cast<std::size_t>(in.fsdp_prefetch_depth);
   for (std::size_t j = 0; j < std::min(ahead, units.size()); ++j) issue_gather(j, kNoOp);
 
-  const std::vector<DdpBucket> buckets = s == Strategy::ddp ? ddp_bucket_plan(in) : std::vector<DdpBucket>{};
+  const std::vector<DdpBucket> buckets = ddp ? ddp_bucket_plan(in) : std::vector<DdpBucket>{};
   std::size_t next_bucket = 0;
   std::vector<ForwardOps> forwards(layers);
   std::vector<std::size_t> kept_gather(layers, kNone);  // gathered in forward, freed after backward
@@ -277,7 +270,7 @@ OpGraph build_data_parallel_graph(const StepInputs& in) {
     // Gradient communication, once backward_weight (`last`) has produced the unit's gradients.
     const LayerCost& l = in.layers[u.layer];
     const std::string what = b.unit_name(u.layer) + mb_suffix(u.micro_batch);
-    if (s == Strategy::ddp && last_mb) {
+    if (ddp && last_mb) {
       // Buckets are planned in backward order, so the ready ones are next in line.
       for (; next_bucket < buckets.size() && buckets[next_bucket].ready_after_layer == u.layer; ++next_bucket) {
         const std::size_t k = next_bucket;
@@ -294,7 +287,7 @@ OpGraph build_data_parallel_graph(const StepInputs& in) {
                         u.layer, u.micro_batch, l.grad_bytes, "reduce-scatter " + what);
       graph_add_edge(b.g, last, tail);
       b.free_at(grads, tail);
-      if (s == Strategy::fsdp_hybrid) {
+      if (par.dp_replicate > 1) {
         const OpId ar = b.add(OpKind::all_reduce, 0, Stream::comm, in.replica_all_reduce_s(l.grad_bytes),
                               u.layer, u.micro_batch, l.grad_bytes, "replica all-reduce " + what);
         graph_add_edge(b.g, tail, ar);
@@ -353,7 +346,7 @@ OpGraph build_pipeline_graph(const StepInputs& in) {
     b.alloc("static: weights, gradients, optimizer states", s, static_bytes, kNoOp);
     const int lo = bounds[s], hi = bounds[s + 1];
     std::vector<std::vector<ForwardOps>> forwards(m, std::vector<ForwardOps>(hi - lo));
-    for (const PipelineSlot& slot : pipeline_stage_order(in.strategy, s, p, m)) {
+    for (const PipelineSlot& slot : pipeline_stage_order(in.parallel.schedule, s, p, m)) {
       const int k = slot.micro_batch;
       if (slot.forward) {
         OpId last = kNoOp;
@@ -397,7 +390,7 @@ OpGraph build_pipeline_graph(const StepInputs& in) {
 }
 
 OpGraph build_step_graph(const StepInputs& inputs) {
-  if (strategy_is_pipeline(inputs.strategy)) return build_pipeline_graph(inputs);
+  if (is_pipeline(inputs.parallel)) return build_pipeline_graph(inputs);
   return build_data_parallel_graph(inputs);
 }
 

@@ -58,7 +58,7 @@ struct PipelineSlot {
   int micro_batch = 0;
   bool forward = true;
 };
-std::vector<PipelineSlot> pipeline_stage_order(Strategy strategy, int stage, int stages,
+std::vector<PipelineSlot> pipeline_stage_order(PipelineSchedule schedule, int stage, int stages,
                                                int micro_batches);
 
 }  // namespace ftplan::sim

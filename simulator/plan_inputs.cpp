@@ -19,11 +19,11 @@ StepInputs step_inputs_from_plan(const PlanContext& ctx, const Candidate& c, boo
   const FlopsPerToken& f = ctx.flops;
 
   StepInputs in;
-  in.strategy = c.strategy;
-  const bool pipeline = strategy_is_pipeline(c.strategy);
-  in.num_gpus = static_cast<int>(c.strategy == Strategy::single ? 1
-                                 : pipeline ? std::min<int64_t>(ctx.num_gpus, model.num_layers)
-                                            : ctx.num_gpus);
+  const Parallelism& par = c.parallel;
+  in.parallel = par;
+  in.name = c.name.empty() ? name(par) : c.name;
+  const bool pipeline = is_pipeline(par);
+  in.num_gpus = static_cast<int>(pipeline ? par.pp : std::max<int64_t>(1, par.gpus()));
   in.micro_batches = static_cast<int>(setup.grad_accum);
   in.checkpointing = c.checkpointing == Checkpointing::full;
   in.overlap = overlap;
@@ -31,9 +31,7 @@ StepInputs step_inputs_from_plan(const PlanContext& ctx, const Candidate& c, boo
   // QLoRA dequantises each block's NF4 weights before its forward and again before its backward.
   const double block_dequant = ctx.nf4_params ? nf4_dequant_time_s(ctx.nf4_params / model.num_layers, hw) : 0.0;
   // Autocast's effects where fp32 parameters meet the matmuls (not under FSDP/ZeRO-3): memory_model.h.
-  const bool gathers = c.strategy == Strategy::zero3 || c.strategy == Strategy::zero3_offload || c.strategy == Strategy::fsdp ||
-                       c.strategy == Strategy::fsdp_hybrid || c.strategy == Strategy::fsdp_shard_grad_op;
-  const int ac = gathers ? 0 : 1;
+  const int ac = par.gathers_params() ? 0 : 1;
   const int64_t block_input = B * mem.block_input_bytes_per_sample[ac];
 
   LayerCost embedding;
@@ -82,10 +80,7 @@ StepInputs step_inputs_from_plan(const PlanContext& ctx, const Candidate& c, boo
   const MemoryEstimate e = estimate_memory(mem, c, ctx.num_gpus, false);
   const MemoryBreakdown& m = e.per_gpu;
   int64_t resident = m.weights + m.optimizer + m.overhead + mem.dequant_bytes;
-  const bool sim_allocates_grads = c.strategy == Strategy::zero2 || c.strategy == Strategy::zero3 ||
-                                   c.strategy == Strategy::fsdp || c.strategy == Strategy::fsdp_hybrid ||
-                                   c.strategy == Strategy::fsdp_shard_grad_op || c.strategy == Strategy::zero2_offload ||
-                                   c.strategy == Strategy::zero3_offload;
+  const bool sim_allocates_grads = par.shards_gradients();
   resident += m.gradients;
   if (!sim_allocates_grads && !pipeline) resident += m.temporary - mem.dequant_bytes;
   in.static_bytes_per_rank = resident;
@@ -105,18 +100,19 @@ StepInputs step_inputs_from_plan(const PlanContext& ctx, const Candidate& c, boo
   in.optimizer_step_s = estimate_step(ctx, c).optimizer_s;
 
   // Communication: the planner's α-β formulas over the job's interconnect.
-  const Interconnect net = ctx.net;
-  Interconnect shard_net = net;
-  if (c.strategy == Strategy::fsdp_hybrid) shard_net.nodes = 1, shard_net.num_gpus = net.gpus_per_node;
-  in.all_reduce_s = [net](int64_t b) { return collective_time_s(net, Collective::all_reduce, double(b)); };
+  const Interconnect grad_net = ctx.group_net(grad_group(par));
+  const Interconnect shard_net = ctx.group_net(shard_group(par));
+  const Interconnect replica_net = ctx.group_net(replicate_group(par));
+  const Interconnect pp_net = ctx.group_net(pp_group(par));
+  in.all_reduce_s = [grad_net](int64_t b) { return collective_time_s(grad_net, Collective::all_reduce, double(b)); };
   in.reduce_scatter_s = [shard_net](int64_t b) { return collective_time_s(shard_net, Collective::reduce_scatter, double(b)); };
   in.all_gather_s = [shard_net](int64_t b) { return collective_time_s(shard_net, Collective::all_gather, double(b)); };
-  const int64_t shard = net.gpus_per_node;
-  in.replica_all_reduce_s = [net, shard](int64_t b) {
-    return collective_time_s(Collective::all_reduce, double(b) / shard, net.nodes, net.inter_bandwidth_bytes_per_s, net.latency_s);
+  const int64_t shard = std::max<int64_t>(1, par.shard_group());
+  in.replica_all_reduce_s = [replica_net, shard](int64_t b) {
+    return collective_time_s(replica_net, Collective::all_reduce, double(b) / shard);
   };
-  in.p2p_s = [net](int64_t b) { return collective_time_s(net, Collective::send_recv, double(b)); };
-  in.host_copy_s = [net](int64_t b) { return double(b) / net.host_bandwidth_bytes_per_s; };
+  in.p2p_s = [pp_net](int64_t b) { return collective_time_s(pp_net, Collective::send_recv, double(b)); };
+  in.host_copy_s = [shard_net](int64_t b) { return double(b) / shard_net.host_bandwidth_bytes_per_s; };
   return in;
 }
 

@@ -1,5 +1,7 @@
 #include "simulator/simulate.h"
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 
 #include "planner/errors.h"
@@ -45,7 +47,7 @@ StepSimulation simulate_step(const StepInputs& inputs) {
   if (ops1 + (m - 1) * per_mb <= kMaxSimulatedOps) return simulate_step_exactly(inputs);
   // The largest count that fits, at least two full pipeline fills past the warm-up.
   const int fit = static_cast<int>(std::min<int64_t>(m, 1 + (kMaxSimulatedOps - ops1) / per_mb));
-  const int floor_m = strategy_is_pipeline(inputs.strategy) ? 2 * inputs.num_gpus + 1 : 3;
+  const int floor_m = is_pipeline(inputs.parallel) ? 2 * inputs.num_gpus + 1 : 3;
   if (fit < floor_m)
     fail_input("simulate: grad_accum " + std::to_string(m) + " needs about " +
                std::to_string(ops1 + (m - 1) * per_mb) + " ops and not even " + std::to_string(floor_m) +
@@ -100,7 +102,8 @@ nlohmann::json simulation_summary_json(const StepInputs& inputs, const StepSimul
                      {"alive_at_peak", std::move(alive)},
                      {"alive_at_peak_other_bytes", other_bytes}});
   }
-  return {{"strategy", to_string(inputs.strategy)},
+  return {{"strategy", inputs.name},
+          {"parallel", parallelism_json(inputs.parallel)},
           {"simulated_ranks", sim.graph.num_ranks},
           {"represented_ranks", sim.graph.num_ranks_represented},
           {"ops", graph_op_count(sim.graph)},

@@ -7,11 +7,13 @@
 
 namespace ftplan::sim {
 
-bool strategy_is_pipeline(Strategy s) {
-  return s == Strategy::mp || s == Strategy::pipeline_gpipe || s == Strategy::pipeline_1f1b;
-}
+bool is_pipeline(const Parallelism& p) { return p.pp > 1; }
 
-bool strategy_is_symmetric(Strategy s) { return !strategy_is_pipeline(s); }
+void set_preset(StepInputs& inputs, Strategy strategy, int num_gpus) {
+  inputs.parallel = preset(strategy, num_gpus, 8);
+  inputs.name = to_string(strategy);
+  inputs.num_gpus = num_gpus;
+}
 
 std::vector<int> stage_layer_bounds(const StepInputs& inputs) {
   const int stages = inputs.num_gpus;
@@ -34,15 +36,18 @@ bool bad_number(double x) { return !std::isfinite(x) || x < 0.0; }
 void validate_step_inputs(const StepInputs& in) {
   std::vector<std::string> problems;
   auto add = [&](const std::string& p) { problems.push_back(p); };
-  const std::string strategy = to_string(in.strategy);
+  const std::string strategy = in.name;
+  const Parallelism& par = in.parallel;
   const int layers = static_cast<int>(in.layers.size());
 
   if (in.num_gpus < 1) add("num_gpus(" + std::to_string(in.num_gpus) + ") must be >= 1");
   if (in.micro_batches < 1) add("micro_batches(" + std::to_string(in.micro_batches) + ") must be >= 1");
   if (layers < 1) add("layers is empty (need at least one unit)");
-  if (in.strategy == Strategy::single && in.num_gpus != 1)
-    add("single needs num_gpus(" + std::to_string(in.num_gpus) + ") == 1");
-  if (strategy_is_pipeline(in.strategy) && in.num_gpus > layers)
+  if (par.gpus() == 1 && in.num_gpus != 1)
+    add(strategy + " needs num_gpus(" + std::to_string(in.num_gpus) + ") == 1");
+  if (is_pipeline(par) && in.num_gpus != par.pp)
+    add(strategy + " needs num_gpus(" + std::to_string(in.num_gpus) + ") == pp(" + std::to_string(par.pp) + ")");
+  if (is_pipeline(par) && in.num_gpus > layers)
     add(strategy + " needs num_gpus(" + std::to_string(in.num_gpus) + ") <= layers(" +
         std::to_string(layers) + ")");
   if (!in.stage_layer_counts.empty()) {
@@ -79,17 +84,13 @@ void validate_step_inputs(const StepInputs& in) {
   auto need = [&](bool needed, const std::function<double(int64_t)>& f, const char* name) {
     if (needed && !f) add(strategy + " needs " + name);
   };
-  const Strategy s = in.strategy;
-  const bool sharded = s == Strategy::zero1 || s == Strategy::zero2 || s == Strategy::zero3 ||
-                       s == Strategy::fsdp || s == Strategy::fsdp_shard_grad_op ||
-                       s == Strategy::fsdp_hybrid || s == Strategy::zero2_offload ||
-                       s == Strategy::zero3_offload;
-  need(s == Strategy::ddp, in.all_reduce_s, "all_reduce_s");
+  const bool sharded = par.sharding != Sharding::none;
+  need(!sharded && par.grad_group() > 1, in.all_reduce_s, "all_reduce_s");
   need(sharded, in.reduce_scatter_s, "reduce_scatter_s");
   need(sharded, in.all_gather_s, "all_gather_s");
-  need(s == Strategy::fsdp_hybrid, in.replica_all_reduce_s, "replica_all_reduce_s");
-  need(strategy_is_pipeline(s) && in.num_gpus > 1, in.p2p_s, "p2p_s");
-  need(s == Strategy::zero2_offload || s == Strategy::zero3_offload, in.host_copy_s, "host_copy_s");
+  need(sharded && par.dp_replicate > 1, in.replica_all_reduce_s, "replica_all_reduce_s");
+  need(is_pipeline(par) && in.num_gpus > 1, in.p2p_s, "p2p_s");
+  need(par.offload_optimizer, in.host_copy_s, "host_copy_s");
 
   if (problems.empty()) return;
   std::ostringstream message;

@@ -9,7 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "planner/training_setup.h"  // ftplan::Strategy
+#include "planner/parallelism.h"
+#include "planner/training_setup.h"
 
 namespace ftplan::sim {
 
@@ -31,8 +32,9 @@ struct LayerCost {
 };
 
 struct StepInputs {
-  Strategy strategy = Strategy::single;
-  int num_gpus = 1;                  // GPUs in the job; pipeline/mp: the number of stages, e.g. 4
+  Parallelism parallel;              // the layout (planner/parallelism.h): what the builders read
+  std::string name = "single";       // how outputs name it: a preset ("fsdp") or a --parallel string
+  int num_gpus = 1;                  // GPUs in the job; pipelines: the number of stages, e.g. 4
   int micro_batches = 1;             // gradient accumulation steps, or pipeline m, e.g. 8
   bool checkpointing = false;        // full activation checkpointing of checkpointable layers
   bool overlap = true;               // false: every op waits for the previous op on its rank
@@ -67,9 +69,11 @@ struct StepInputs {
 // "step inputs: num_gpus(0) must be >= 1; pipeline needs num_gpus(8) <= layers(4)".
 void validate_step_inputs(const StepInputs& inputs);
 
-// Strategy families.
-bool strategy_is_pipeline(Strategy s);   // pipeline_gpipe, pipeline_1f1b, mp (every rank simulated)
-bool strategy_is_symmetric(Strategy s);  // everything else: one representative rank
+// Layout families: a pipeline simulates one rank per stage; every other layout one representative rank.
+bool is_pipeline(const Parallelism& p);  // pp > 1 (gpipe, 1f1b, interleaved, naive mp)
+
+// The inputs of a preset (tests and benchmarks): parallel = preset(strategy, num_gpus, 8), named by it.
+void set_preset(StepInputs& inputs, Strategy strategy, int num_gpus);
 
 // Pipeline/mp: the first layer of each stage plus one past the last, e.g. {0, 11, 21, 31, 42}.
 std::vector<int> stage_layer_bounds(const StepInputs& inputs);

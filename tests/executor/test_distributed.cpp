@@ -61,13 +61,8 @@ ftplan::TrainingSetup tiny_setup(int64_t seq_len, int64_t micro_batch, int64_t g
   return s;
 }
 
-ftplan::Candidate candidate_of(ftplan::Strategy strategy, int64_t micro_batch) {
-  ftplan::Candidate c;
-  c.strategy = strategy;
-  c.micro_batch = micro_batch;
-  c.checkpointing = ftplan::Checkpointing::none;
-  c.attention = ftplan::Attention::eager;
-  return c;
+ftplan::Candidate candidate_of(ftplan::Strategy strategy, int64_t micro_batch, int64_t gpus, const ftplan::HardwareSpec& hw) {
+  return ftplan::preset_candidate(strategy, gpus, hw, micro_batch, ftplan::Checkpointing::none, ftplan::Attention::eager);
 }
 
 }  // namespace
@@ -180,7 +175,7 @@ TEST_CASE("per-rank memory orders as the planner says and is within 10% of it", 
   for (const std::string s : {"ddp", "zero1", "zero2", "zero3", "fsdp"}) {
     const auto m = measured(tiny_job(32, 2, 1, 3) + " --strategy " + s + " --nproc " + std::to_string(nproc));
     const auto setup = tiny_setup(32, 2, 1, nproc);
-    const auto est = ftplan::estimate_memory(model, hw, setup, candidate_of(ftplan::parse_strategy(s, "test"), 2));
+    const auto est = ftplan::estimate_memory(model, hw, setup, candidate_of(ftplan::parse_strategy(s, "test"), 2, nproc, hw));
     for (const auto& rank : m["ranks"]) {
       const double measured_peak = rank["peak_memory_bytes"].get<double>();
       const auto& c = rank["components"];
@@ -213,7 +208,7 @@ TEST_CASE("FSDP shard-grad-op and hybrid: per-rank memory within 10% of the plan
   const std::string flags = group > 0 ? " --shard-group-size " + std::to_string(group) : "";
   const auto m = measured(tiny_job(32, 2, 1, 3) + " --strategy " + strategy + " --nproc " + std::to_string(nproc) + flags);
   const auto est = ftplan::estimate_memory(model, hw, tiny_setup(32, 2, 1, nproc),
-                                           candidate_of(ftplan::parse_strategy(strategy, "test"), 2));
+                                           candidate_of(ftplan::parse_strategy(strategy, "test"), 2, nproc, hw));
   const auto fsdp = measured(tiny_job(32, 2, 1, 3) + " --strategy fsdp --nproc " + std::to_string(nproc));
   for (size_t r = 0; r < m["ranks"].size(); ++r) {
     const auto& rank = m["ranks"][r];
@@ -255,7 +250,7 @@ TEST_CASE("offload: the device keeps what the planner says, the host the rest, t
   const std::string lr = method == "full" ? "" : " --lr 3e-3";
   const auto m = measured(tiny_job(32, 2, accum, method == "full" ? 3 : 4) + lr + flags + " --strategy " + strategy +
                           " --nproc " + std::to_string(nproc));
-  const auto est = ftplan::estimate_memory(model, hw, setup, candidate_of(ftplan::parse_strategy(strategy, "test"), 2));
+  const auto est = ftplan::estimate_memory(model, hw, setup, candidate_of(ftplan::parse_strategy(strategy, "test"), 2, nproc, hw));
   const std::string sibling = strategy == "zero2_offload" ? "zero2" : "zero3";
   const double sibling_peak =
       nproc < 2 ? 0.0
@@ -309,7 +304,7 @@ TEST_CASE("QLoRA under every data-parallel strategy: bytes equal the planner's, 
   setup.method = ftplan::Method::qlora;
   setup.lora.rank = 4;
   setup.lora.targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
-  const auto cand = candidate_of(ftplan::parse_strategy(strategy, "test"), 2);
+  const auto cand = candidate_of(ftplan::parse_strategy(strategy, "test"), 2, nproc, hw);
   const auto ctx = ftplan::prepare_plan(model, hw, setup, nproc);
   const double planned = ftplan::estimate_step(ctx, cand).comm_bytes_per_step;
   const auto est = ftplan::estimate_memory(model, hw, setup, cand);
@@ -327,7 +322,7 @@ TEST_CASE("QLoRA under every data-parallel strategy: bytes equal the planner's, 
     // steps it holds what zero3 holds.)
     const int64_t planned_weights =
         strategy == "fsdp_shard_grad_op"
-            ? ftplan::estimate_memory(model, hw, setup, candidate_of(ftplan::Strategy::zero3, 2)).per_gpu.weights
+            ? ftplan::estimate_memory(model, hw, setup, candidate_of(ftplan::Strategy::zero3, 2, nproc, hw)).per_gpu.weights
             : est.per_gpu.weights;
     const int64_t weights = c["weights"].get<int64_t>();
     CHECK(weights >= planned_weights);
@@ -356,7 +351,7 @@ TEST_CASE("measured bytes per collective equal the planner's communication volum
   const auto setup = tiny_setup(32, 2, accum, nproc);
   const auto ctx = ftplan::prepare_plan(model, hw, setup, nproc);
   const double planned =
-      ftplan::estimate_step(ctx, candidate_of(ftplan::parse_strategy(strategy, "test"), 2)).comm_bytes_per_step;
+      ftplan::estimate_step(ctx, candidate_of(ftplan::parse_strategy(strategy, "test"), 2, nproc, hw)).comm_bytes_per_step;
   const std::string flags = group > 0 ? " --shard-group-size " + std::to_string(group) : "";
   const auto m = measured(tiny_job(32, 2, accum, 3) + " --strategy " + strategy + " --nproc " + std::to_string(nproc) + flags);
   if (strategy == "fsdp_hybrid" && group < nproc) {
@@ -386,7 +381,7 @@ TEST_CASE("mixed precision: the rings move bf16 bytes, the planner's; DDP's Gloo
   setup.precision = ftplan::Precision::mixed;
   const auto ctx = ftplan::prepare_plan(model, ftplan::load_hardware("cpu"), setup, 2);
   const double planned =
-      ftplan::estimate_step(ctx, candidate_of(ftplan::parse_strategy(strategy, "test"), 2)).comm_bytes_per_step;
+      ftplan::estimate_step(ctx, candidate_of(ftplan::parse_strategy(strategy, "test"), 2, 2, ftplan::load_hardware("cpu"))).comm_bytes_per_step;
   std::string job = tiny_job(32, 2, accum, 2);
   job.replace(job.find("--precision fp32"), 16, "--precision mixed");
   const auto m = measured(job + " --strategy " + strategy + " --nproc 2");
@@ -408,7 +403,7 @@ TEST_CASE("pipelines send each micro-batch's activation forward and its gradient
   const auto model = ftexec_test::tiny_spec();
   const auto ctx = ftplan::prepare_plan(model, ftplan::load_hardware("cpu"), tiny_setup(32, 2, accum, 2), 2);
   const double planned =
-      ftplan::estimate_step(ctx, candidate_of(ftplan::parse_strategy(strategy, "test"), 2)).comm_bytes_per_step;
+      ftplan::estimate_step(ctx, candidate_of(ftplan::parse_strategy(strategy, "test"), 2, 2, ftplan::load_hardware("cpu"))).comm_bytes_per_step;
   CHECK(planned == accum * act);
 }
 
@@ -430,7 +425,7 @@ TEST_CASE("1F1B: GPipe's loss with fewer micro-batches in flight on stage 0", "[
   const auto model = ftexec_test::tiny_spec();
   const auto hw = ftplan::load_hardware("cpu");
   for (const auto& [name, run] : {std::make_pair(std::string("pipeline"), gpipe), std::make_pair(std::string("pipeline_1f1b"), f1b1)}) {
-    const auto est = ftplan::estimate_memory(model, hw, tiny_setup(64, 2, m, 2), candidate_of(ftplan::parse_strategy(name, "test"), 2));
+    const auto est = ftplan::estimate_memory(model, hw, tiny_setup(64, 2, m, 2), candidate_of(ftplan::parse_strategy(name, "test"), 2, 2, hw));
     double worst = 0;
     for (const auto& rank : run["ranks"]) worst = std::max(worst, rank["peak_memory_bytes"].get<double>());
     std::cout << "[dist][pipeline] " << name << " p=2 m=" << m << ": stage 0 " << run["ranks"][0]["peak_memory_bytes"]

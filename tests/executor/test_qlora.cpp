@@ -168,7 +168,7 @@ TEST_CASE("QLoRA's measured peak is within 10% of the planner's estimate", "[exe
   ExecJob job = make_exec_job(setup, "cpu");
   job.threads = 2;
   const nlohmann::json measured = run_job(job);
-  const ftplan::Candidate c = ftplan::candidate_from_setup(setup, ftplan::Strategy::single);
+  const ftplan::Candidate c = ftplan::candidate_from_setup(setup, ftplan::load_hardware("cpu"), ftplan::Strategy::single);
   const auto predicted = ftplan::estimate_memory(job.model, ftplan::load_hardware("cpu"), setup, c).per_gpu;
   const auto& rank = measured["ranks"][0];
   const auto& parts = rank["components"];

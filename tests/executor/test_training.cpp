@@ -154,7 +154,7 @@ TEST_CASE("measured CPU peak memory is within 10% of the planner's estimate", "[
   job.threads = 2;
   const nlohmann::json measured = run_job(job);
 
-  const ftplan::Candidate candidate = ftplan::candidate_from_setup(setup, ftplan::Strategy::single);
+  const ftplan::Candidate candidate = ftplan::candidate_from_setup(setup, ftplan::load_hardware("cpu"), ftplan::Strategy::single);
   const auto predicted = ftplan::estimate_memory(job.model, ftplan::load_hardware("cpu"), setup, candidate).per_gpu;
   const auto& rank = measured["ranks"][0];
   const auto& parts = rank["components"];

@@ -73,7 +73,7 @@ TEST_CASE("FSDP-1 with LoRA: units mixing frozen and trainable weights hold grad
   s.precision = ftplan::Precision::bf16;
   s.num_gpus = 8;
   s.seq_len = 512;
-  const Candidate c{Strategy::fsdp, 1, Checkpointing::full, ftplan::Attention::fused};
+  const Candidate c = ftplan::preset_candidate(Strategy::fsdp, 8, hw, 1, Checkpointing::full, ftplan::Attention::fused);
   SECTION("synchronised every micro-batch: the gradients are sharded over 8 GPUs") {
     s.grad_accum = 1;
     CHECK(ftplan::estimate_memory(model, hw, s, c).per_gpu.gradients == 32 * INT64_C(405291008) / 8);
@@ -121,7 +121,7 @@ TEST_CASE("chunked vs full loss: the peaks differ by the profile's bytes per tok
   const auto hw = ftplan::load_hardware("a100-80gb-sxm");
   auto s = job("llama-3.2-1b", "torchtune", Method::lora);
   s.seq_len = 1024;
-  const Candidate c{Strategy::single, 2, Checkpointing::none, ftplan::Attention::fused};
+  const Candidate c = ftplan::preset_candidate(Strategy::single, 1, hw, 2, Checkpointing::none, ftplan::Attention::fused);
   s.loss = ftplan::Loss::full;
   const auto full = ftplan::estimate_memory(model, hw, s, c).per_gpu.logits_loss;
   s.loss = ftplan::Loss::chunked;
@@ -144,7 +144,7 @@ TEST_CASE("host memory: Llama-3.1-70B full fine-tuning with ZeRO-3 offload on on
   auto s = job("llama-3.1-70b", "hf", Method::full);
   s.host_memory_gib = 64;
   s.seq_len = 2048;
-  const auto e = ftplan::estimate_memory(model, hw, s, {Strategy::zero3_offload, 1, Checkpointing::full});
+  const auto e = ftplan::estimate_memory(model, hw, s, ftplan::preset_candidate(Strategy::zero3_offload, s.num_gpus, hw, 1, Checkpointing::full));
   CHECK(e.per_gpu.host == INT64_C(1128859303936));
   CHECK(e.step.host_bytes_per_node == INT64_C(1128859303936) + (INT64_C(3) << 30));
   CHECK(e.save.host_bytes_per_node == e.step.host_bytes_per_node + 4 * INT64_C(70553706496));
@@ -167,7 +167,7 @@ TEST_CASE("allocated <= reserved <= device for every strategy and framework", "[
       for (Strategy st : ftplan::all_strategies()) {
         for (Checkpointing ck : {Checkpointing::none, Checkpointing::full, Checkpointing::selective}) {
           CAPTURE(fw, ftplan::to_string(method), ftplan::to_string(st), ftplan::to_string(ck));
-          const auto e = ftplan::estimate_memory(job_prepared, {st, 2, ck, ftplan::Attention::fused}, 8);
+          const auto e = ftplan::estimate_memory(job_prepared, ftplan::preset_candidate(st, 8, hw, 2, ck, ftplan::Attention::fused), 8);
           CHECK(e.allocated_peak <= e.reserved_peak);
           CHECK(e.reserved_peak <= e.device_peak);
           CHECK(e.device_peak <= e.per_gpu.total);

@@ -149,7 +149,7 @@ TEST_CASE("estimate_memory reproduces the ZeRO model-state formula on a 7.5B mod
       {Strategy::fsdp, 3, 1.88},
   }));
   CAPTURE(ftplan::to_string(strategy), stage);
-  const auto e = ftplan::estimate_memory(model, hw, setup, Candidate{strategy, 1, Checkpointing::none, Attention::fused});
+  const auto e = ftplan::estimate_memory(model, hw, setup, ftplan::preset_candidate(strategy, setup.num_gpus, hw, 1, Checkpointing::none, Attention::fused));
   // Each of weights, gradients and optimizer is rounded up to a whole byte: at most 3 bytes off.
   const double formula = ftplan::zero_model_state_bytes(static_cast<double>(psi), 12, 64, stage);
   CHECK(std::abs(static_cast<double>(model_states(e)) - formula) <= 3.0);
@@ -224,7 +224,7 @@ TEST_CASE("the loss's peak is 12·B·S·V bytes", "[memory]") {
   CHECK(ftplan::logits_loss_bytes(model, B, S) == expected);
   const auto hw = ftplan::load_hardware("a100-80gb-sxm");
   auto setup = make_setup("llama-3-8b", Method::lora, 1, S);
-  const auto e = ftplan::estimate_memory(model, hw, setup, Candidate{Strategy::single, B, Checkpointing::none, Attention::fused});
+  const auto e = ftplan::estimate_memory(model, hw, setup, ftplan::preset_candidate(Strategy::single, 1, hw, B, Checkpointing::none, Attention::fused));
   CHECK(e.per_gpu.logits_loss == expected);
 }
 
@@ -233,7 +233,7 @@ TEST_CASE("a job that does not fit is a result with a reason", "[memory]") {
   const auto model = load_model("llama-3.1-70b");
   const auto hw = ftplan::load_hardware("rtx-3090");
   auto setup = make_setup("llama-3.1-70b", Method::full, 1, 2048);
-  const auto e = ftplan::estimate_memory(model, hw, setup, Candidate{Strategy::single, 1, Checkpointing::full, Attention::fused});
+  const auto e = ftplan::estimate_memory(model, hw, setup, ftplan::preset_candidate(Strategy::single, 1, hw, 1, Checkpointing::full, Attention::fused));
   CHECK_FALSE(e.fits);
   CHECK(e.per_gpu.total > e.usable_bytes);
   CHECK_THAT(e.reason, Catch::Matchers::StartsWith("out of memory by"));
@@ -244,7 +244,7 @@ TEST_CASE("a job that does not fit is a result with a reason", "[memory]") {
   SECTION("a job that fits has no reason") {
     const auto tiny = load_model("tinyllama-1.1b");
     auto s = make_setup("tinyllama-1.1b", Method::lora, 1, 512);
-    const auto ok = ftplan::estimate_memory(tiny, hw, s, Candidate{Strategy::single, 1, Checkpointing::none, Attention::fused});
+    const auto ok = ftplan::estimate_memory(tiny, hw, s, ftplan::preset_candidate(Strategy::single, 1, hw, 1, Checkpointing::none, Attention::fused));
     CHECK(ok.fits);
     CHECK(ok.reason.empty());
   }
@@ -260,11 +260,11 @@ TEST_CASE("properties: more GPUs never raise sharded memory per GPU", "[memory]"
   const auto hw = ftplan::load_hardware("a100-80gb-sxm");
   auto setup = make_setup(name, method, 2, 2048);
   const auto job = ftplan::prepare_job(model, hw, setup);
-  const Candidate c{strategy, 2, Checkpointing::full, Attention::fused};
+  auto c = [&](int64_t n) { return ftplan::preset_candidate(strategy, n, hw, 2, Checkpointing::full, Attention::fused); };
   // From 2 GPUs up (1 GPU has no NCCL buffers, so 1 -> 2 may add 256 MiB for a tiny model).
-  int64_t previous = ftplan::estimate_memory(job, c, 2).per_gpu.total;
+  int64_t previous = ftplan::estimate_memory(job, c(2), 2).per_gpu.total;
   for (int64_t n = 3; n <= 128; ++n) {
-    const int64_t total = ftplan::estimate_memory(job, c, n).per_gpu.total;
+    const int64_t total = ftplan::estimate_memory(job, c(n), n).per_gpu.total;
     CAPTURE(n);
     REQUIRE(total <= previous);
     previous = total;
@@ -284,8 +284,8 @@ TEST_CASE("properties: full checkpointing never raises activation memory", "[mem
   const auto job = ftplan::prepare_job(model, hw, setup);
   for (Strategy s : ftplan::applicable_strategies(model, hw, setup)) {
     CAPTURE(ftplan::to_string(s));
-    const auto none = ftplan::estimate_memory(job, {s, micro_batch, Checkpointing::none, attention}, gpus);
-    const auto full = ftplan::estimate_memory(job, {s, micro_batch, Checkpointing::full, attention}, gpus);
+    const auto none = ftplan::estimate_memory(job, ftplan::preset_candidate(s, gpus, hw, micro_batch, Checkpointing::none, attention), gpus);
+    const auto full = ftplan::estimate_memory(job, ftplan::preset_candidate(s, gpus, hw, micro_batch, Checkpointing::full, attention), gpus);
     CHECK(full.per_gpu.activations <= none.per_gpu.activations);
     CHECK(full.per_gpu.total <= none.per_gpu.total);
   }
@@ -310,7 +310,7 @@ TEST_CASE("properties: LoRA never needs more than full fine-tuning; QLoRA weight
   for (Strategy s : ftplan::applicable_strategies(model, hw, full)) {
     for (int64_t b : {1, 4, 16}) {
       CAPTURE(ftplan::to_string(s), b);
-      const Candidate c{s, b, checkpointing, attention};
+      const Candidate c = ftplan::preset_candidate(s, full.num_gpus, hw, b, checkpointing, attention);
       const auto f = ftplan::estimate_memory(model, hw, full, c);
       const auto l = ftplan::estimate_memory(model, hw, lora, c);
       const auto q = ftplan::estimate_memory(model, hw, qlora, c);
@@ -335,8 +335,8 @@ TEST_CASE("properties: 1F1B's worst stage never needs more than GPipe's", "[memo
   const auto hw = ftplan::load_hardware("a100-80gb-sxm");
   auto setup = make_setup(name, Method::lora, gpus, 2048);
   setup.grad_accum = grad_accum;
-  const auto gpipe = ftplan::estimate_memory(model, hw, setup, {Strategy::pipeline_gpipe, 2, checkpointing, Attention::fused});
-  const auto one_f_one_b = ftplan::estimate_memory(model, hw, setup, {Strategy::pipeline_1f1b, 2, checkpointing, Attention::fused});
+  const auto gpipe = ftplan::estimate_memory(model, hw, setup, ftplan::preset_candidate(Strategy::pipeline_gpipe, gpus, hw, 2, checkpointing, Attention::fused));
+  const auto one_f_one_b = ftplan::estimate_memory(model, hw, setup, ftplan::preset_candidate(Strategy::pipeline_1f1b, gpus, hw, 2, checkpointing, Attention::fused));
   CHECK(one_f_one_b.per_gpu.total <= gpipe.per_gpu.total);
   // With more micro-batches than stages, 1F1B keeps strictly fewer in flight on the first stage.
   if (grad_accum > gpus && checkpointing == Checkpointing::none) CHECK(one_f_one_b.per_gpu.total < gpipe.per_gpu.total);
@@ -353,7 +353,7 @@ TEST_CASE("properties: memory grows with the micro-batch; max_micro_batch is the
   for (Strategy s : ftplan::applicable_strategies(model, hw, setup)) {
     for (Checkpointing ck : {Checkpointing::none, Checkpointing::full}) {
       CAPTURE(ftplan::to_string(s), ftplan::to_string(ck));
-      Candidate c{s, 1, ck, Attention::fused};
+      Candidate c = ftplan::preset_candidate(s, setup.num_gpus, hw, 1, ck, Attention::fused);
       int64_t previous = ftplan::estimate_memory(model, hw, setup, c).per_gpu.total;
       for (int64_t b = 2; b <= 64; ++b) {
         c.micro_batch = b;
@@ -387,13 +387,14 @@ TEST_CASE("min_gpus is the boundary for ZeRO-3", "[memory]") {
   const auto model = load_model(name);
   const auto hw = ftplan::load_hardware(gpu);
   auto setup = make_setup(name, method, 1, 2048);
-  const Candidate c{Strategy::zero3, 1, Checkpointing::full, Attention::fused};
+  const Candidate c = ftplan::preset_candidate(Strategy::zero3, 2, hw, 1, Checkpointing::full, Attention::fused);
   const int64_t n = ftplan::min_gpus(model, hw, setup, c);
   CAPTURE(n);
   REQUIRE(n > 2);  // the cases are chosen to need several GPUs
   const auto job = ftplan::prepare_job(model, hw, setup);
-  CHECK(ftplan::estimate_memory(job, c, n).fits);
-  CHECK_FALSE(ftplan::estimate_memory(job, c, n - 1).fits);
+  auto at = [&](int64_t gpus) { return ftplan::preset_candidate(Strategy::zero3, gpus, hw, 1, Checkpointing::full, Attention::fused); };
+  CHECK(ftplan::estimate_memory(job, at(n), n).fits);
+  CHECK_FALSE(ftplan::estimate_memory(job, at(n - 1), n - 1).fits);
   // Model states alone need 16 B/param / usable memory for full FT: a lower bound by hand.
   if (method == Method::full) {
     const double lower = 16.0 * ftplan::count_params(model).total / (hw.memory_bytes * 0.95);

@@ -48,9 +48,11 @@ ftplan::TrainingSetup make_setup(const std::string& model, Method method, const 
   return s;
 }
 
+Strategy strategy_of(const ftplan::Candidate& c) { return ftplan::parse_strategy(c.name, "test"); }
+
 const ftplan::StrategyOutcome& outcome(const ftplan::PlanResult& plan, Strategy s) {
   for (const auto& o : plan.strategies)
-    if (o.strategy == s) return o;
+    if (o.name == ftplan::to_string(s)) return o;
   FAIL("strategy " << ftplan::to_string(s) << " not in the plan");
   return plan.strategies.front();
 }
@@ -80,7 +82,7 @@ TEST_CASE("fits one GPU, several GPUs: DDP (or a DP strategy that ties with it)"
   const auto plan = ftplan::plan_job(model, hw, setup, Objective::time);
   REQUIRE(outcome(plan, Strategy::single).feasible);  // the premise: it fits one GPU
   REQUIRE(plan.recommended);
-  const Strategy winner = plan.recommended->candidate.strategy;
+  const Strategy winner = strategy_of(plan.recommended->candidate);
   CAPTURE(ftplan::to_string(winner), plan.reason);
   CHECK(is_data_parallel(winner));
   const auto& ddp = outcome(plan, Strategy::ddp);
@@ -107,8 +109,8 @@ TEST_CASE("does not fit one GPU: FSDP/ZeRO-3", "[plan]") {
   CHECK_FALSE(outcome(plan, Strategy::single).feasible);
   CHECK_FALSE(outcome(plan, Strategy::ddp).feasible);
   REQUIRE(plan.recommended);
-  CAPTURE(ftplan::to_string(plan.recommended->candidate.strategy), plan.reason);
-  CHECK(is_sharded(plan.recommended->candidate.strategy));
+  CAPTURE(plan.recommended->candidate.name, plan.reason);
+  CHECK(is_sharded(strategy_of(plan.recommended->candidate)));
   CHECK_THAT(plan.rule_of_thumb, Contains("does not fit one GPU -> FSDP/ZeRO-3") && Contains("agree"));
   CHECK_THAT(outcome(plan, Strategy::ddp).verdict, StartsWith("out of memory by"));
 }
@@ -133,7 +135,7 @@ TEST_CASE("ranking invariants", "[plan]") {
 
   SECTION("every candidate fits") {
     for (const auto& c : plan.candidates) {
-      CAPTURE(ftplan::to_string(c.candidate.strategy), c.candidate.micro_batch);
+      CAPTURE(c.candidate.name, c.candidate.micro_batch);
       CHECK(c.memory.fits);
       CHECK(c.memory.per_gpu.total <= c.memory.usable_bytes);
     }
@@ -146,28 +148,28 @@ TEST_CASE("ranking invariants", "[plan]") {
       CAPTURE(i);
       CHECK(plan.candidates[i - 1].score <= plan.candidates[i].score * (1 + kTie));
     }
-    CHECK(plan.recommended->candidate.strategy == plan.candidates.front().candidate.strategy);
+    CHECK(strategy_of(plan.recommended->candidate) == strategy_of(plan.candidates.front().candidate));
     CHECK(plan.recommended->candidate.micro_batch == plan.candidates.front().candidate.micro_batch);
   }
   SECTION("the reason names the winner and the runner-up") {
-    const Strategy winner = plan.recommended->candidate.strategy;
+    const Strategy winner = strategy_of(plan.recommended->candidate);
     const ftplan::RankedCandidate* runner = nullptr;
     for (const auto& c : plan.candidates)
-      if (c.candidate.strategy != winner) {
+      if (strategy_of(c.candidate) != winner) {
         runner = &c;
         break;
       }
     CAPTURE(plan.reason);
     CHECK_THAT(plan.reason, StartsWith(ftplan::to_string(winner)));
     if (runner) {
-      CHECK_THAT(plan.reason, Contains(ftplan::to_string(runner->candidate.strategy) + " (micro-batch"));
+      CHECK_THAT(plan.reason, Contains(runner->candidate.name + " (micro-batch"));
     } else {
       CHECK_THAT(plan.reason, Contains("only strategy that fits"));
     }
   }
   SECTION("every strategy has a verdict; each feasible one's best is a listed candidate") {
     for (const auto& o : plan.strategies) {
-      CAPTURE(ftplan::to_string(o.strategy), o.verdict);
+      CAPTURE(o.name, o.verdict);
       CHECK_FALSE(o.verdict.empty());
       if (!o.feasible) CHECK_THAT(o.verdict, StartsWith("out of memory by"));
       if (o.feasible) {
@@ -195,7 +197,7 @@ TEST_CASE("naive model parallel never beats DDP when DDP fits", "[plan]") {
   const auto& mp = outcome(plan, Strategy::mp);
   REQUIRE(ddp.feasible);
   REQUIRE(plan.recommended);
-  CHECK(plan.recommended->candidate.strategy != Strategy::mp);
+  CHECK(strategy_of(plan.recommended->candidate) != Strategy::mp);
   if (mp.feasible) CHECK(ddp.best.score < mp.best.score);
 }
 
@@ -216,7 +218,7 @@ TEST_CASE("a job that fits nowhere is a result, not an error", "[plan]") {
     setup.host_memory_gib = 2048;  // a host that holds it: then ZeRO-3 offload is the plan
     const auto roomy = ftplan::plan_job(model, hw, setup, Objective::time);
     REQUIRE(roomy.recommended);
-    CHECK(roomy.recommended->candidate.strategy == Strategy::zero3_offload);
+    CHECK(strategy_of(roomy.recommended->candidate) == Strategy::zero3_offload);
   }
   SECTION("at 16k tokens per sample nothing fits: no recommendation, every verdict out of memory") {
     // Even checkpointed block inputs alone are 80 x 2 B x 16384 x 8192 = 21.5 GB > 22.8 GiB x 0.95
@@ -228,7 +230,7 @@ TEST_CASE("a job that fits nowhere is a result, not an error", "[plan]") {
     CHECK_FALSE(plan.reason.empty());
     REQUIRE(plan.strategies.size() == 3);  // single, zero2_offload, zero3_offload on one GPU
     for (const auto& o : plan.strategies) {
-      CAPTURE(ftplan::to_string(o.strategy));
+      CAPTURE(o.name);
       CHECK_FALSE(o.feasible);
       CHECK_THAT(o.verdict, StartsWith("out of memory by"));
     }
@@ -246,7 +248,7 @@ TEST_CASE("evaluate_candidate: job time is whole steps, cost is GPU-seconds x pr
   const auto ctx = ftplan::prepare_plan(model, hw, setup, 4);
   auto [micro_batch, steps] = GENERATE(table<int64_t, double>({{16, 8.0}, {3, 43.0}, {1, 128.0}}));
   CAPTURE(micro_batch);
-  const auto r = ftplan::evaluate_candidate(ctx, {Strategy::ddp, micro_batch, Checkpointing::none, Attention::fused},
+  const auto r = ftplan::evaluate_candidate(ctx, ftplan::preset_candidate(Strategy::ddp, 4, hw, micro_batch, Checkpointing::none, Attention::fused),
                                             Objective::time);
   CHECK(r.step.tokens_per_step == 4.0 * 2 * micro_batch * 1024);
   CHECK(r.has_job);
@@ -254,11 +256,11 @@ TEST_CASE("evaluate_candidate: job time is whole steps, cost is GPU-seconds x pr
   CHECK_THAT(r.gpu_hours, WithinRel(r.job_time_s * 4 / 3600, 1e-12));
   CHECK_THAT(r.cost_usd, WithinRel(r.job_time_s * 4 * 0.74 / 3600, 1e-12));  // hwdb: 0.74 USD per GPU-hour
   CHECK(r.score == r.job_time_s);
-  const auto c = ftplan::evaluate_candidate(ctx, {Strategy::ddp, micro_batch, Checkpointing::none, Attention::fused},
+  const auto c = ftplan::evaluate_candidate(ctx, ftplan::preset_candidate(Strategy::ddp, 4, hw, micro_batch, Checkpointing::none, Attention::fused),
                                             Objective::cost);
   CHECK(c.score == c.cost_usd);
   // Single uses one of the job's GPUs: it pays for one.
-  const auto one = ftplan::evaluate_candidate(ctx, {Strategy::single, micro_batch, Checkpointing::none, Attention::fused},
+  const auto one = ftplan::evaluate_candidate(ctx, ftplan::preset_candidate(Strategy::single, 1, hw, micro_batch, Checkpointing::none, Attention::fused),
                                               Objective::cost);
   CHECK(one.gpus_used == 1);
   CHECK_THAT(one.cost_usd, WithinRel(one.job_time_s * 0.74 / 3600, 1e-12));
@@ -270,7 +272,7 @@ TEST_CASE("--price-per-gpu-hour: the cost scales exactly with the price, the tim
   const auto model = load_model(setup.model);
   const auto hw = ftplan::load_hardware(setup.gpu);
   REQUIRE(hw.price_usd_per_gpu_hour > 0);
-  const ftplan::Candidate c{Strategy::ddp, 4, Checkpointing::none, Attention::fused};
+  const ftplan::Candidate c = ftplan::preset_candidate(Strategy::ddp, 4, hw, 4, Checkpointing::none, Attention::fused);
   const auto base = ftplan::evaluate_candidate(ftplan::prepare_plan(model, hw, setup, 4), c, Objective::cost);
   REQUIRE(base.has_job);
   auto price = GENERATE(0.01, 0.74, 2.5, 1e6);
@@ -314,7 +316,7 @@ TEST_CASE("--price-per-gpu-hour in a sweep prices every GPU type alike", "[plan]
   const auto rows = ftplan::run_sweep(model, {a, h}, {2, 4}, setup, Objective::cost, false, {});
   REQUIRE(rows.size() >= 4);
   for (const auto& row : rows) {
-    CAPTURE(row.gpu, row.gpus, ftplan::to_string(row.result.candidate.strategy));
+    CAPTURE(row.gpu, row.gpus, row.result.candidate.name);
     CHECK_THAT(row.result.cost_usd, WithinRel(row.result.gpu_hours * 1.5, 1e-12));
   }
 }
@@ -335,8 +337,8 @@ TEST_CASE("objective cost prefers cheaper and fewer GPUs at equal speed", "[plan
     for (const auto& d : rows) {
       if (d.gpu != "a100-dear") continue;
       for (const auto& c : rows) {
-        if (c.gpu != "a100-cheap" || c.result.candidate.strategy != d.result.candidate.strategy) continue;
-        CAPTURE(ftplan::to_string(d.result.candidate.strategy));
+        if (c.gpu != "a100-cheap" || c.result.candidate.name != d.result.candidate.name) continue;
+        CAPTURE(d.result.candidate.name);
         CHECK_THAT(d.result.cost_usd, WithinRel(2 * c.result.cost_usd, 1e-12));
         CHECK_THAT(d.result.job_time_s, WithinRel(c.result.job_time_s, 1e-12));
       }

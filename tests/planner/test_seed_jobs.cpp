@@ -59,7 +59,7 @@ double predicted_time_s(const SeedJob& job, const PublishedRun& run) {
   const auto hw = ftplan::load_hardware(setup.gpu);
   const auto plan = ftplan::plan_job(model, hw, setup, ftplan::Objective::time);
   REQUIRE(plan.recommended);
-  REQUIRE(plan.recommended->candidate.strategy == run.strategy);
+  REQUIRE(ftplan::parse_strategy(plan.recommended->candidate.name, "test") == run.strategy);
   REQUIRE(plan.recommended->has_job);
   return plan.recommended->job_time_s;
 }
@@ -155,7 +155,7 @@ TEST_CASE("seed jobs: the recommended strategy when none is fixed", "[seed]") {
   const auto hw = ftplan::load_hardware(job.setup.gpu);
   const auto plan = ftplan::plan_job(model, hw, job.setup, ftplan::Objective::time);
   REQUIRE(plan.recommended);
-  const Strategy winner = plan.recommended->candidate.strategy;
+  const Strategy winner = ftplan::parse_strategy(plan.recommended->candidate.name, "test");
   CAPTURE(ftplan::to_string(winner), plan.reason);
   CHECK(std::find(allowed.begin(), allowed.end(), winner) != allowed.end());
   CHECK_THAT(plan.rule_of_thumb, Catch::Matchers::Contains("agree ("));

@@ -23,6 +23,12 @@ using ftplan::Strategy;
 
 namespace {
 
+// A preset's candidate on the context's GPUs.
+ftplan::Candidate cand(const ftplan::PlanContext& ctx, Strategy s, int64_t micro_batch, ftplan::Checkpointing ck,
+                       ftplan::Attention at) {
+  return ftplan::preset_candidate(s, ctx.num_gpus, *ctx.memory.hw, micro_batch, ck, at);
+}
+
 constexpr double kExact = 1e-12;  // same arithmetic, different order
 
 ftplan::TrainingSetup make_setup(const std::string& model, Method method, int64_t gpus, int64_t seq_len,
@@ -54,7 +60,7 @@ TEST_CASE("pipeline bubble is (p-1)/(m+p-1)", "[step]") {
   const auto hw = ftplan::load_hardware("a100-80gb-sxm");
   const auto setup = make_setup("llama-3-8b", Method::lora, p, 2048, m);
   const auto ctx = ftplan::prepare_plan(model, hw, setup, p);
-  const auto s = ftplan::estimate_step(ctx, {strategy, 1, Checkpointing::none, Attention::fused});
+  const auto s = ftplan::estimate_step(ctx, cand(ctx, strategy, 1, Checkpointing::none, Attention::fused));
   const double P = static_cast<double>(p), M = static_cast<double>(m);
   CHECK_THAT(s.bubble_fraction, WithinRel((P - 1) / (M + P - 1), kExact));
 
@@ -62,7 +68,7 @@ TEST_CASE("pipeline bubble is (p-1)/(m+p-1)", "[step]") {
   // micro-batch's forward and backward on 1/p of the model (single's compute per micro-batch / p)
   // and two activation hops (activation forward, its gradient back) of 2·B·S·h bytes.
   const auto single_ctx = ftplan::prepare_plan(model, hw, setup, 1);
-  const auto single = ftplan::estimate_step(single_ctx, {Strategy::single, 1, Checkpointing::none, Attention::fused});
+  const auto single = ftplan::estimate_step(single_ctx, cand(single_ctx, Strategy::single, 1, Checkpointing::none, Attention::fused));
   const double stage_compute = single.compute_s / M / P;
   const double hop = hw.comm_latency_s + 2.0 * 2048 * 4096 / 2.3e11;  // A100 SXM: 230 GB/s via NVSwitch
   const double slot = stage_compute + 2 * hop;
@@ -82,8 +88,8 @@ TEST_CASE("naive model parallel keeps one GPU busy at a time", "[step]") {
   const auto hw = ftplan::load_hardware("rtx-6000-ada");
   const auto setup = make_setup("tinyllama-1.1b", Method::lora, 4, 1024, 2);
   const auto ctx = ftplan::prepare_plan(model, hw, setup, 4);
-  const auto single = ftplan::estimate_step(ftplan::prepare_plan(model, hw, setup, 1), {Strategy::single, 4, Checkpointing::none, Attention::fused});
-  const auto mp = ftplan::estimate_step(ctx, {Strategy::mp, 4, Checkpointing::none, Attention::fused});
+  const auto single = ftplan::estimate_step(ftplan::prepare_plan(model, hw, setup, 1), cand(ftplan::prepare_plan(model, hw, setup, 1), Strategy::single, 4, Checkpointing::none, Attention::fused));
+  const auto mp = ftplan::estimate_step(ctx, cand(ctx, Strategy::mp, 4, Checkpointing::none, Attention::fused));
   // The same compute as one GPU doing everything, plus 2(p-1) activation hops per micro-batch.
   CHECK_THAT(mp.compute_s, WithinRel(single.compute_s, kExact));
   // Per micro-batch 2(p-1) hops of B·S·h bf16 activations = 2·4·1024·2048 B; neighbour pairs on
@@ -105,7 +111,7 @@ TEST_CASE("communication volume per strategy", "[step]") {
   const auto setup = make_setup("llama-3-8b", Method::full, N, 2048);
   const auto ctx = ftplan::prepare_plan(model, hw, setup, N);
   auto bytes = [&](Strategy s) {
-    return ftplan::estimate_step(ctx, {s, 1, Checkpointing::full, Attention::fused}).comm_bytes_per_step;
+    return ftplan::estimate_step(ctx, cand(ctx, s, 1, Checkpointing::full, Attention::fused)).comm_bytes_per_step;
   };
   const double ddp = bytes(Strategy::ddp);
   // DDP: ring all-reduce of all gradients, 2(N-1)/N · 2Ψ.
@@ -132,7 +138,7 @@ TEST_CASE("communication volume per strategy", "[step]") {
     const auto acc = make_setup("llama-3-8b", Method::full, N, 2048, 4);
     const auto actx = ftplan::prepare_plan(model, hw, acc, N);
     auto abytes = [&](Strategy s) {
-      return ftplan::estimate_step(actx, {s, 1, Checkpointing::full, Attention::fused}).comm_bytes_per_step;
+      return ftplan::estimate_step(actx, cand(actx, s, 1, Checkpointing::full, Attention::fused)).comm_bytes_per_step;
     };
     CHECK_THAT(abytes(Strategy::ddp), WithinRel(ddp, kExact));
     CHECK_THAT(abytes(Strategy::zero1), WithinRel(ddp, kExact));
@@ -150,7 +156,7 @@ TEST_CASE("LoRA's DDP all-reduce is megabytes", "[step]") {
   const auto setup = make_setup("llama-3-8b", Method::lora, 4, 1024);
   const auto ctx = ftplan::prepare_plan(model, hw, setup, 4);
   CHECK(ctx.trainable_params == 6'815'744);
-  const auto s = ftplan::estimate_step(ctx, {Strategy::ddp, 4, Checkpointing::none, Attention::fused});
+  const auto s = ftplan::estimate_step(ctx, cand(ctx, Strategy::ddp, 4, Checkpointing::none, Attention::fused));
   CHECK_THAT(s.comm_bytes_per_step, WithinRel(20'447'232.0, kExact));
   // DDP's buckets (step_time.h): a first bucket of 1 MiB, then 25 MiB ones. 13,631,488 B =
   // 1,048,576 + 12,582,912: two all-reduces, each paying α·2(N-1) = 6α, and the ring's
@@ -195,7 +201,7 @@ TEST_CASE("turning overlap off never makes a step faster", "[step]") {
   for (Strategy s : ftplan::applicable_strategies(model, hw, setup)) {
     for (int64_t b : {1, 4}) {
       CAPTURE(ftplan::to_string(s), b);
-      const Candidate c{s, b, Checkpointing::full, Attention::fused};
+      const Candidate c = cand(ctx, s, b, Checkpointing::full, Attention::fused);
       const auto on = ftplan::estimate_step(ctx, c);
       const auto no = ftplan::estimate_step(ctx, c, off);
       CHECK(no.step_time_s >= on.step_time_s);
@@ -236,8 +242,8 @@ TEST_CASE("FLOPs per token", "[step]") {
     const auto hw = ftplan::load_hardware("a100-80gb-sxm");
     const auto setup = make_setup("llama-3-8b", Method::lora, 1, 2048, 2);
     const auto ctx = ftplan::prepare_plan(model, hw, setup, 1);
-    const auto none = ftplan::estimate_step(ctx, {Strategy::single, 2, Checkpointing::none, Attention::fused});
-    const auto full = ftplan::estimate_step(ctx, {Strategy::single, 2, Checkpointing::full, Attention::fused});
+    const auto none = ftplan::estimate_step(ctx, cand(ctx, Strategy::single, 2, Checkpointing::none, Attention::fused));
+    const auto full = ftplan::estimate_step(ctx, cand(ctx, Strategy::single, 2, Checkpointing::full, Attention::fused));
     const double tokens = 2 * 2 * 2048;  // grad_accum x micro-batch x seq_len
     const double rate = hw.peak_flops_bf16 * hw.matmul_efficiency;
     CHECK_THAT(full.compute_s - none.compute_s, WithinRel(tokens * ctx.flops.block_forward / rate, 1e-9));
@@ -253,7 +259,7 @@ TEST_CASE("DDP tokens per step and throughput", "[step]") {
   const auto hw = ftplan::load_hardware("a100-80gb-sxm");
   const auto setup = make_setup("tinyllama-1.1b", Method::lora, 8, 1024, 2);
   const auto ctx = ftplan::prepare_plan(model, hw, setup, 8);
-  const auto s = ftplan::estimate_step(ctx, {Strategy::ddp, 4, Checkpointing::none, Attention::fused});
+  const auto s = ftplan::estimate_step(ctx, cand(ctx, Strategy::ddp, 4, Checkpointing::none, Attention::fused));
   CHECK(s.tokens_per_step == 8.0 * 2 * 4 * 1024);  // GPUs x grad_accum x micro-batch x seq_len
   CHECK_THAT(s.tokens_per_s, WithinRel(s.tokens_per_step / s.step_time_s, kExact));
   CHECK_THAT(s.step_time_s, WithinRel(s.compute_s + s.exposed_comm_s + s.optimizer_s, kExact));

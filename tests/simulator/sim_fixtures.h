@@ -20,7 +20,7 @@ inline double linear_comm_s(int64_t bytes, double latency_s, double bytes_per_s)
 // An embedding, `blocks` identical decoder blocks and a head+loss, with every cost function set.
 inline StepInputs model_inputs(Strategy strategy, int num_gpus, int blocks, int micro_batches) {
   StepInputs in;
-  in.strategy = strategy;
+  set_preset(in, strategy, num_gpus);
   in.num_gpus = num_gpus;
   in.micro_batches = micro_batches;
   LayerCost embedding{"embedding", 0.0002, 0.0002, 0.0001, 500 * kMiB, 500 * kMiB, 16 * kMiB, 16 * kMiB, false};

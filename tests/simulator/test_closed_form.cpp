@@ -104,7 +104,8 @@ TEST_CASE("every symmetric strategy: overlap off sums all ops, overlap on is no 
 }
 
 TEST_CASE("invalid step inputs are reported together, each naming its field", "[sim]") {
-  StepInputs in = model_inputs(Strategy::ddp, 0, 2, 0);
+  StepInputs in = model_inputs(Strategy::ddp, 8, 2, 0);
+  in.num_gpus = 0;  // the layout says 8 data-parallel ranks, the inputs none
   in.all_reduce_s = nullptr;
   in.layers[1].forward_s = -1.0;
   try {

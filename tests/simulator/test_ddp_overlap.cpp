@@ -15,8 +15,7 @@ namespace {
 // Unit 0 (the embedding) has 2 MiB of gradients, units 1..7 have 10 MiB each (72 MiB in all).
 StepInputs eight_units() {
   StepInputs in;
-  in.strategy = Strategy::ddp;
-  in.num_gpus = 8;
+  set_preset(in, Strategy::ddp, 8);
   for (int i = 0; i < 8; ++i) {
     LayerCost l;
     l.forward_s = 0.005;

@@ -18,8 +18,7 @@ namespace {
 // p stages of two identical units each (forward 1 ms, backward 2 ms), communication free.
 StepInputs uniform_pipeline(Strategy strategy, int p, int m) {
   StepInputs in;
-  in.strategy = strategy;
-  in.num_gpus = p;
+  set_preset(in, strategy, p);
   in.micro_batches = m;
   for (int i = 0; i < 2 * p; ++i) {
     LayerCost l;
@@ -100,7 +99,7 @@ TEST_CASE("naive model parallel: one GPU busy at a time", "[sim]") {
 TEST_CASE("pipeline stage orders", "[sim]") {
   // 1F1B with p = 4, m = 6 on stage 1: two warm-up forwards, then alternate, then drain.
   std::string order;
-  for (const PipelineSlot& s : pipeline_stage_order(Strategy::pipeline_1f1b, 1, 4, 6))
+  for (const PipelineSlot& s : pipeline_stage_order(PipelineSchedule::one_f_one_b, 1, 4, 6))
     order += (s.forward ? "F" : "B") + std::to_string(s.micro_batch) + " ";
   CHECK(order == "F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 B4 B5 ");
   CHECK(stage_layer_bounds(model_inputs(Strategy::pipeline_1f1b, 4, 10, 1)) == std::vector<int>{0, 3, 6, 9, 12});

@@ -46,7 +46,7 @@ TEST_CASE("closed form equals the simulation with overlap off, on shipped jobs",
   Job job = load_job_file(job_name);
   job.setup.grad_accum = 2;  // accumulation: DDP/ZeRO-1 communicate once, the others every micro-batch
   const PlanContext ctx = prepare_plan(job.model, job.hw, job.setup, job.setup.num_gpus);
-  const Candidate c{strategy, 2, ckpt, Attention::fused};
+  const Candidate c = preset_candidate(strategy, job.setup.num_gpus, job.hw, 2, ckpt, Attention::fused);
 
   StepOptions no_overlap;
   no_overlap.overlap = false;
@@ -68,7 +68,7 @@ TEST_CASE("simulated peak memory equals the closed form for single and DDP", "[s
   const Checkpointing ckpt = GENERATE(Checkpointing::none, Checkpointing::full);
   CAPTURE(to_string(strategy), to_string(ckpt));
   const PlanContext ctx = prepare_plan(job.model, job.hw, job.setup, job.setup.num_gpus);
-  const Candidate c{strategy, 4, ckpt, Attention::fused};
+  const Candidate c = preset_candidate(strategy, job.setup.num_gpus, job.hw, 4, ckpt, Attention::fused);
   const MemoryEstimate closed = estimate_memory(ctx.memory, c, ctx.num_gpus);
   const sim::StepSimulation s = sim::simulate_step(sim::step_inputs_from_plan(ctx, c));
   const int64_t simulated = s.schedule.ranks.at(0).peak_memory_bytes;
@@ -85,7 +85,7 @@ TEST_CASE("a trace of a shipped job is valid and has events on every rank", "[si
   const Strategy strategy = GENERATE(Strategy::pipeline_1f1b, Strategy::fsdp);
   CAPTURE(to_string(strategy));
   const PlanContext ctx = prepare_plan(job.model, job.hw, job.setup, job.setup.num_gpus);
-  const Candidate c{strategy, 4, Checkpointing::full, Attention::fused};
+  const Candidate c = preset_candidate(strategy, job.setup.num_gpus, job.hw, 4, Checkpointing::full, Attention::fused);
   const sim::StepSimulation s = sim::simulate_step(sim::step_inputs_from_plan(ctx, c));
   const std::string path = std::string(FTPLAN_BINARY_DIR) + "/trace_" + to_string(strategy) + ".json";
   sim::chrome_trace_write(path, s.graph, s.schedule);

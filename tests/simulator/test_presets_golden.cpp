@@ -104,7 +104,8 @@ json compute_all() {
         for (ftplan::Strategy s : ftplan::applicable_strategies(job.model, job.hw, job.setup))
           for (auto ck : {ftplan::Checkpointing::none, ftplan::Checkpointing::full})
             for (int64_t b : {int64_t{1}, int64_t{4}}) {
-              const ftplan::Candidate c{s, b, ck, job.setup.attention.value_or(ftplan::Attention::fused), false};
+              const ftplan::Candidate c = ftplan::preset_candidate(s, gpus, job.hw, b, ck,
+                                                                   job.setup.attention.value_or(ftplan::Attention::fused));
               const std::string key = ftplan::to_string(s) + " mb" + std::to_string(b) + " ck=" + ftplan::to_string(ck);
               json entry;
               entry["memory"] = memory_json(ftplan::estimate_memory(ctx.memory, c, gpus));
@@ -125,11 +126,13 @@ json compute_all() {
               }
               cases[key] = entry;
             }
-        const auto plan = ftplan::plan_job(job.model, job.hw, job.setup, ftplan::Objective::time);
+        ftplan::SearchOptions presets_only;  // the presets' search, as before (compositions are new)
+        presets_only.compositions = false;
+        const auto plan = ftplan::plan_job(job.model, job.hw, job.setup, ftplan::Objective::time, {}, presets_only);
         json choice = nullptr;
         if (plan.recommended) {
           const auto& r = *plan.recommended;
-          choice = {{"name", ftplan::to_string(r.candidate.strategy)},
+          choice = {{"name", r.candidate.name},
                     {"micro_batch", r.candidate.micro_batch},
                     {"checkpointing", ftplan::to_string(r.candidate.checkpointing)},
                     {"activation_offload", r.candidate.activation_offload},
