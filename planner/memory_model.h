@@ -117,6 +117,10 @@ struct PreparedJob {
 // The pointers must outlive the PreparedJob; the framework profile is the job's (setup.framework).
 PreparedJob prepare_job(const ModelSpec& model, const HardwareSpec& hw, const TrainingSetup& setup,
                         const ShardShape& shape = {});
+// The job keeps pointers: temporaries would dangle, so they do not compile.
+PreparedJob prepare_job(ModelSpec&&, const HardwareSpec&, const TrainingSetup&, const ShardShape& = {}) = delete;
+PreparedJob prepare_job(const ModelSpec&, HardwareSpec&&, const TrainingSetup&, const ShardShape& = {}) = delete;
+PreparedJob prepare_job(const ModelSpec&, const HardwareSpec&, TrainingSetup&&, const ShardShape& = {}) = delete;
 
 // The estimate for one candidate on `num_gpus` GPUs; the closed-form peak is the sum of the terms
 // (gradients counted alive with all activations: exact under gradient accumulation, conservative

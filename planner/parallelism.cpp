@@ -1,6 +1,7 @@
 #include "planner/parallelism.h"
 
 #include <algorithm>
+#include <set>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -187,6 +188,7 @@ void set_sharding(Parallelism& p, const std::string& v, const std::string& where
 Parallelism parse_parallelism(const std::string& text, const std::string& field, const std::string& default_sharding) {
   Parallelism p;
   bool sharding_given = false, schedule_given = false;
+  std::set<std::string> seen;
   std::stringstream in(text);
   std::string item;
   int items = 0;
@@ -195,8 +197,14 @@ Parallelism parse_parallelism(const std::string& text, const std::string& field,
     const auto eq = item.find('=');
     if (eq == std::string::npos)
       fail_input(field + ": '" + item + "' is not key=value (e.g. tp=8,pp=2,dp_shard=4)");
-    const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
+    auto trim = [](std::string t) {
+      const auto b = t.find_first_not_of(" \t"), e = t.find_last_not_of(" \t");
+      return b == std::string::npos ? std::string() : t.substr(b, e - b + 1);
+    };
+    const std::string key = trim(item.substr(0, eq)), value = trim(item.substr(eq + 1));
     const std::string where = field + ": " + key;
+    if (!seen.insert(key == "vpp" ? "virtual_stages" : key == "sequence_parallel" ? "sp" : key).second)
+      fail_input(where + ": given twice");
     if (key == "tp") p.tp = parse_degree(value, where);
     else if (key == "cp") p.cp = parse_degree(value, where);
     else if (key == "pp") p.pp = parse_degree(value, where);

@@ -54,6 +54,10 @@ struct PlanContext {
 // a candidate is evaluated against the context of its own shape.
 PlanContext prepare_plan(const ModelSpec& model, const HardwareSpec& hw, const TrainingSetup& setup,
                          int64_t num_gpus, const ShardShape& shape = {});
+// The context keeps pointers: temporaries would dangle, so they do not compile.
+PlanContext prepare_plan(ModelSpec&&, const HardwareSpec&, const TrainingSetup&, int64_t, const ShardShape& = {}) = delete;
+PlanContext prepare_plan(const ModelSpec&, HardwareSpec&&, const TrainingSetup&, int64_t, const ShardShape& = {}) = delete;
+PlanContext prepare_plan(const ModelSpec&, const HardwareSpec&, TrainingSetup&&, int64_t, const ShardShape& = {}) = delete;
 
 struct StepOptions {
   bool overlap = true;                          // false: every communication is exposed

@@ -105,6 +105,18 @@ expect_bad "max tokens below the mean" "--max-tokens-per-row" \
 expect_bad "an FSDP version the framework does not run" "--fsdp-version" memory --model llama-3.2-1b --framework ftexec --fsdp-version 2
 expect_bad "check: bad host-memory fraction" "--max-host-memory-fraction" check --model llama-3.2-1b --max-host-memory-fraction 1.5
 
+# Parallelism as degrees (--parallel): every operand named, in one line.
+P=(plan --model llama-3-8b --gpu h100-sxm --method full --framework torchtitan)
+expect_bad "degrees that do not multiply to the GPU count" "tp(8) * pp(2) * dp_shard(4) = 64 != gpus(32)" "${P[@]}" --gpus 32 --parallel tp=8,pp=2,dp_shard=4
+expect_bad "tp not dividing the heads" "tp(3) does not divide num_attention_heads(32)" "${P[@]}" --gpus 3 --parallel tp=3
+expect_bad "pp above the layer count" "pp(64) > num_hidden_layers(32)" "${P[@]}" --gpus 64 --parallel pp=64
+expect_bad "a sequence cp cannot split" "cp(3) cannot split seq_len(4096)" "${P[@]}" --gpus 3 --seq-len 4096 --parallel cp=3
+expect_bad "an unknown key in --parallel" "--parallel: foo: unknown key" "${P[@]}" --gpus 8 --parallel tp=8,foo=1
+expect_bad "a degree given twice" "--parallel: tp: given twice" "${P[@]}" --gpus 8 --parallel tp=2,tp=4
+expect_bad "a dimension the framework does not offer" "composes no pipeline parallelism" plan --model llama-3-8b --gpu h100-sxm --framework hf --gpus 8 --parallel pp=2,dp_shard=4
+printf '{"model": "llama-3-8b", "gpu": "h100-sxm", "gpus": 16, "framework": "torchtitan", "parallel": "tp=8,dp_shard=4"}' >"$TMP/parallel-job.json"
+expect_bad "a job file's parallel key" "tp(8) * dp_shard(4) = 32 != gpus(16)" plan "$TMP/parallel-job.json"
+
 if [ "$failures" -ne 0 ]; then
   echo "bad_input.sh: $failures check(s) failed"
   exit 1

@@ -379,9 +379,9 @@ TEST_CASE("mixed precision: the rings move bf16 bytes, the planner's; DDP's Gloo
   const auto model = ftexec_test::tiny_spec();
   auto setup = tiny_setup(32, 2, accum, 2);
   setup.precision = ftplan::Precision::mixed;
-  const auto ctx = ftplan::prepare_plan(model, ftplan::load_hardware("cpu"), setup, 2);
-  const double planned =
-      ftplan::estimate_step(ctx, candidate_of(ftplan::parse_strategy(strategy, "test"), 2, 2, ftplan::load_hardware("cpu"))).comm_bytes_per_step;
+  const auto hw = ftplan::load_hardware("cpu");
+  const auto ctx = ftplan::prepare_plan(model, hw, setup, 2);
+  const double planned = ftplan::estimate_step(ctx, candidate_of(ftplan::parse_strategy(strategy, "test"), 2, 2, hw)).comm_bytes_per_step;
   std::string job = tiny_job(32, 2, accum, 2);
   job.replace(job.find("--precision fp32"), 16, "--precision mixed");
   const auto m = measured(job + " --strategy " + strategy + " --nproc 2");
@@ -401,9 +401,11 @@ TEST_CASE("pipelines send each micro-batch's activation forward and its gradient
   // The planner's comm_bytes_per_step is the busiest stage's: one activation per micro-batch with
   // two stages (two for a middle stage of three or more).
   const auto model = ftexec_test::tiny_spec();
-  const auto ctx = ftplan::prepare_plan(model, ftplan::load_hardware("cpu"), tiny_setup(32, 2, accum, 2), 2);
-  const double planned =
-      ftplan::estimate_step(ctx, candidate_of(ftplan::parse_strategy(strategy, "test"), 2, 2, ftplan::load_hardware("cpu"))).comm_bytes_per_step;
+  // The context points at the hardware and the setup: they must outlive it (not temporaries).
+  const auto hw = ftplan::load_hardware("cpu");
+  const auto setup = tiny_setup(32, 2, accum, 2);
+  const auto ctx = ftplan::prepare_plan(model, hw, setup, 2);
+  const double planned = ftplan::estimate_step(ctx, candidate_of(ftplan::parse_strategy(strategy, "test"), 2, 2, hw)).comm_bytes_per_step;
   CHECK(planned == accum * act);
 }
 
