@@ -66,7 +66,7 @@ int run_simulate(const SimulateOptions& o) {
   const sim::StepSimulation s = sim::simulate_step(inputs);
   const StepEstimate closed = estimate_step(ctx, candidate);
   const MemoryEstimate memory = estimate_memory(ctx.memory, candidate, ctx.num_gpus);
-  if (!o.trace.empty()) write_output(o.trace, sim::chrome_trace_json(s.graph, s.schedule).dump(), "--trace");
+  if (!o.trace.empty()) write_output(o.trace, sim::chrome_trace_json(s.graph, s.schedule, candidate.parallel).dump(), "--trace");
 
   nlohmann::json summary = sim::simulation_summary_json(inputs, s);
   summary["candidate"] = {{"strategy", candidate.name},

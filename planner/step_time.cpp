@@ -117,6 +117,70 @@ double residual_bytes_of(const PlanContext& ctx) {
 }
 }  // namespace
 
+double micro_batch_tokens(const TrainingSetup& setup, int64_t micro_batch) {
+  // Packed rows fill seq_len; padded batches are timed at the mean row length where the dataset
+  // gives one (the padding is not counted).
+  const double row = !setup.packing && setup.dataset.mean_tokens_per_row > 0
+                         ? std::min<double>(setup.dataset.mean_tokens_per_row, setup.seq_len)
+                         : static_cast<double>(setup.seq_len);
+  return static_cast<double>(micro_batch) * row;
+}
+
+ShardedLayerComm sharded_layer_comm(const PlanContext& ctx, const Candidate& cand, double tokens) {
+  const ModelSpec& model = *ctx.memory.model;
+  const TrainingSetup& setup = *ctx.memory.setup;
+  const Parallelism& par = cand.parallel;
+  const double T = tokens;
+  const double act_elem = activation_bytes(setup.precision);
+  const double rate = ctx.peak_flops * ctx.efficiency;
+  ShardedLayerComm lc;
+  lc.attention_forward_s = ctx.flops.block_attention * T / rate / static_cast<double>(par.tp * par.cp);
+  // Tensor parallelism (Megatron-LM, Shoeybi et al. 2019): per block two all-reduces of the activations
+  // in forward (after the row-parallel o_proj and down_proj) and two in backward (the input gradients of
+  // the column-parallel q/k/v and gate/up), two more when full checkpointing recomputes the forward;
+  // with sequence parallelism each becomes a reduce-scatter plus an all-gather, the same volume
+  // (Korthikanti et al. 2022, sec. 4.2.2). The vocabulary-parallel embedding all-reduces its output,
+  // the head its input gradient. On the critical path: not overlapped.
+  if (par.tp > 1) {
+    const Interconnect& tp_net = ctx.group_net(tp_group(par));
+    const double act = act_elem * (T / par.cp) * model.hidden_size;
+    lc.activation_bytes = act;
+    if (par.sequence_parallel) {
+      lc.tp_collective_s = collective_time_s(tp_net, Collective::reduce_scatter, act) + collective_time_s(tp_net, Collective::all_gather, act);
+      lc.tp_collective_bytes = wire_bytes(Collective::reduce_scatter, act, par.tp) + wire_bytes(Collective::all_gather, act, par.tp);
+    } else {
+      lc.tp_collective_s = collective_time_s(tp_net, Collective::all_reduce, act);
+      lc.tp_collective_bytes = wire_bytes(Collective::all_reduce, act, par.tp);
+    }
+  }
+  // Context parallelism: each layer's attention needs every chunk's K and V. Ring: cp - 1 chunks
+  // passed around in forward, K/V and their gradients in backward, each step overlapped with the
+  // attention over the chunk in hand (ring attention, Liu et al. 2023); all-gather: K and V gathered
+  // in forward, gathered again and their gradients reduce-scattered in backward, not overlapped
+  // (torch's context_parallel default).
+  if (par.cp > 1) {
+    const Interconnect& cp_net = ctx.group_net(cp_group(par));
+    const double kv_per_rank = double(model.kv_dim()) * std::max<int64_t>(1, model.num_kv_heads >= par.tp ? 1 : par.tp / model.num_kv_heads) / par.tp;
+    const double kv_all = 2.0 * act_elem * T * kv_per_rank;  // K and V of the whole sequence, one TP rank's heads
+    if (par.cp_mode == ContextParallel::ring) {
+      const double chunk = kv_all / par.cp;
+      const double step = collective_time_s(Collective::send_recv, chunk, 2, cp_net.nodes > 1 ? std::min(cp_net.p2p_bandwidth_bytes_per_s, cp_net.inter_bandwidth_bytes_per_s) : cp_net.p2p_bandwidth_bytes_per_s, cp_net.latency_s);
+      lc.cp_forward_s = (par.cp - 1) * step;
+      lc.cp_backward_s = 2.0 * (par.cp - 1) * step;
+      lc.cp_forward_bytes = (par.cp - 1) * chunk;
+      lc.cp_backward_bytes = 2.0 * (par.cp - 1) * chunk;
+    } else {
+      const double ag = collective_time_s(cp_net, Collective::all_gather, kv_all);
+      const double rs = collective_time_s(cp_net, Collective::reduce_scatter, kv_all);
+      lc.cp_forward_s = ag;
+      lc.cp_backward_s = ag + rs;
+      lc.cp_forward_bytes = wire_bytes(Collective::all_gather, kv_all, par.cp);
+      lc.cp_backward_bytes = wire_bytes(Collective::all_gather, kv_all, par.cp) + wire_bytes(Collective::reduce_scatter, kv_all, par.cp);
+    }
+  }
+  return lc;
+}
+
 StepEstimate estimate_step(const PlanContext& ctx, const Candidate& cand, const StepOptions& opt) {
   const ModelSpec& model = *ctx.memory.model;
   const HardwareSpec& hw = *ctx.memory.hw;
@@ -125,12 +189,8 @@ StepEstimate estimate_step(const PlanContext& ctx, const Candidate& cand, const 
   if (!(shard_shape(par) == ctx.memory.shape))
     throw std::logic_error("estimate_step: the candidate's tp/sp/cp differ from the plan context's shape");
   const double G = static_cast<double>(setup.grad_accum);
-  // Tokens per micro-batch per data-parallel replica: packed rows fill seq_len; padded batches are
-  // timed at the mean row length where the dataset gives one (the padding is not counted).
-  const double row = !setup.packing && setup.dataset.mean_tokens_per_row > 0
-                         ? std::min<double>(setup.dataset.mean_tokens_per_row, setup.seq_len)
-                         : static_cast<double>(setup.seq_len);
-  const double T = static_cast<double>(cand.micro_batch) * row;
+  // Tokens per micro-batch per data-parallel replica.
+  const double T = micro_batch_tokens(setup, cand.micro_batch);
   const double rate = ctx.peak_flops * ctx.efficiency;
   const bool ckpt = cand.checkpointing == Checkpointing::full;
   // Tensor and context parallelism split every token's work: each rank computes 1/(tp·cp) of it.
@@ -165,54 +225,24 @@ StepEstimate estimate_step(const PlanContext& ctx, const Candidate& cand, const 
     return opt.overlap ? std::max(std::min(comm, unhideable), comm - window) : comm;
   };
 
-  // Tensor parallelism (Megatron-LM, Shoeybi et al. 2019): per block two all-reduces of the activations
-  // in forward (after the row-parallel o_proj and down_proj) and two in backward (the input gradients of
-  // the column-parallel q/k/v and gate/up), two more when full checkpointing recomputes the forward;
-  // with sequence parallelism each becomes a reduce-scatter plus an all-gather, the same volume
-  // (Korthikanti et al. 2022, sec. 4.2.2). The vocabulary-parallel embedding all-reduces its output,
-  // the head its input gradient. On the critical path: not overlapped.
-  double tp_comm = 0, tp_bytes = 0;
+  // Tensor and context parallelism: per layer and micro-batch (sharded_layer_comm), summed here.
+  double tp_comm = 0, tp_bytes = 0, cp_comm = 0, cp_exposed = 0, cp_bytes = 0;
   const double act_elem = activation_bytes(setup.precision);
-  if (par.tp > 1) {
-    const Interconnect& tp_net = ctx.group_net(tp_group(par));
-    const double act = act_elem * (T / par.cp) * model.hidden_size;
-    const double per_layer = 4.0 + (ckpt ? 2.0 : 0.0);
-    const double count = per_layer * model.num_layers + 2.0;
-    if (par.sequence_parallel) {
-      tp_comm = count * (collective_time_s(tp_net, Collective::reduce_scatter, act) + collective_time_s(tp_net, Collective::all_gather, act));
-      tp_bytes = count * (wire_bytes(Collective::reduce_scatter, act, par.tp) + wire_bytes(Collective::all_gather, act, par.tp));
-    } else {
-      tp_comm = count * collective_time_s(tp_net, Collective::all_reduce, act);
-      tp_bytes = count * wire_bytes(Collective::all_reduce, act, par.tp);
-    }
-  }
-  // Context parallelism: each layer's attention needs every chunk's K and V. Ring: cp - 1 chunks
-  // passed around in forward, K/V and their gradients in backward, each step overlapped with the
-  // attention over the chunk in hand (ring attention, Liu et al. 2023); all-gather: K and V gathered
-  // in forward, gathered again and their gradients reduce-scattered in backward, not overlapped
-  // (torch's context_parallel default).
-  double cp_comm = 0, cp_exposed = 0, cp_bytes = 0;
-  if (par.cp > 1) {
-    const Interconnect& cp_net = ctx.group_net(cp_group(par));
-    const double kv_per_rank = double(model.kv_dim()) * std::max<int64_t>(1, model.num_kv_heads >= par.tp ? 1 : par.tp / model.num_kv_heads) / par.tp;
-    const double kv_all = 2.0 * act_elem * T * kv_per_rank;  // K and V of the whole sequence, one TP rank's heads
+  if (par.tp > 1 || par.cp > 1) {
+    const ShardedLayerComm lc = sharded_layer_comm(ctx, cand, T);
     const double L = model.num_layers;
+    // 4 exchanges per block (+2 when full checkpointing recomputes the forward), + the embedding's
+    // and the head's.
+    const double count = (4.0 + (ckpt ? 2.0 : 0.0)) * L + 2.0;
+    tp_comm = count * lc.tp_collective_s;
+    tp_bytes = count * lc.tp_collective_bytes;
     const double passes = ckpt ? 2.0 : 1.0;  // full checkpointing exchanges again while it recomputes
-    if (par.cp_mode == ContextParallel::ring) {
-      const double chunk = kv_all / par.cp;
-      const double step = collective_time_s(Collective::send_recv, chunk, 2, cp_net.nodes > 1 ? std::min(cp_net.p2p_bandwidth_bytes_per_s, cp_net.inter_bandwidth_bytes_per_s) : cp_net.p2p_bandwidth_bytes_per_s, cp_net.latency_s);
-      const double fwd_comm = (par.cp - 1) * step, bwd_comm = 2.0 * (par.cp - 1) * step;
-      const double attn_fwd = ctx.flops.block_attention * T / rate / split;
-      cp_comm = L * (passes * fwd_comm + bwd_comm);
-      cp_exposed = L * (passes * exposed(fwd_comm, attn_fwd, 0.0) + exposed(bwd_comm, 2.0 * attn_fwd, 0.0));
-      cp_bytes = L * (passes + 2.0) * (par.cp - 1) * chunk;
-    } else {
-      const double ag = collective_time_s(cp_net, Collective::all_gather, kv_all);
-      const double rs = collective_time_s(cp_net, Collective::reduce_scatter, kv_all);
-      cp_comm = L * ((passes + 1.0) * ag + rs);
-      cp_exposed = cp_comm;
-      cp_bytes = L * ((passes + 1.0) * wire_bytes(Collective::all_gather, kv_all, par.cp) + wire_bytes(Collective::reduce_scatter, kv_all, par.cp));
-    }
+    cp_comm = L * (passes * lc.cp_forward_s + lc.cp_backward_s);
+    cp_bytes = L * (passes * lc.cp_forward_bytes + lc.cp_backward_bytes);
+    cp_exposed = par.cp_mode == ContextParallel::ring
+                     ? L * (passes * exposed(lc.cp_forward_s, lc.attention_forward_s, 0.0) +
+                            exposed(lc.cp_backward_s, 2.0 * lc.attention_forward_s, 0.0))
+                     : cp_comm;
   }
   micro += tp_comm + cp_exposed;
 

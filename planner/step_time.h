@@ -103,4 +103,21 @@ BucketedTime ddp_bucketed_all_reduce(const PlanContext& context, const StepOptio
 
 StepEstimate estimate_step(const PlanContext& context, const Candidate& candidate, const StepOptions& options = {});
 
+// Tokens one micro-batch of `micro_batch` rows times: seq_len when packed or padded to it, the
+// dataset's mean row length for padded batches of shorter rows.
+double micro_batch_tokens(const TrainingSetup& setup, int64_t micro_batch);
+
+// One layer's tensor- and context-parallel communication for one micro-batch of `tokens` tokens on
+// one rank: what estimate_step sums and the simulator places op by op (simulator/plan_inputs.cpp).
+struct ShardedLayerComm {
+  double tp_collective_s = 0;      // one exchange of the activations over tp (all-reduce; RS + AG under SP)
+  double tp_collective_bytes = 0;  // its wire bytes per rank
+  double activation_bytes = 0;     // the activations it carries, e.g. 2·T·h
+  double attention_forward_s = 0;  // one layer's attention forward on one rank: the ring's window
+  double cp_forward_s = 0;         // K/V exchange in forward (ring: cp-1 steps; all_gather: one all-gather)
+  double cp_backward_s = 0;        // in backward (ring: 2(cp-1) steps, K/V and their gradients; all-gather + reduce-scatter)
+  double cp_forward_bytes = 0, cp_backward_bytes = 0;
+};
+ShardedLayerComm sharded_layer_comm(const PlanContext& context, const Candidate& candidate, double tokens);
+
 }  // namespace ftplan

@@ -1,5 +1,7 @@
 #include "simulator/chrome_trace.h"
 
+#include <algorithm>
+
 #include "planner/json_fields.h"
 
 namespace ftplan::sim {
@@ -50,6 +52,32 @@ nlohmann::json chrome_trace_json(const OpGraph& g, const Schedule& schedule) {
                         {"tid", 0},
                         {"ts", m.time_s * kMicrosecondsPerSecond},
                         {"args", {{"GiB", static_cast<double>(m.bytes) / kBytesPerGiB}}}});
+  }
+  return {{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}};
+}
+
+nlohmann::json chrome_trace_json(const OpGraph& g, const Schedule& schedule, const Parallelism& layout, int max_ranks) {
+  const int64_t gpus = layout.gpus();
+  if (gpus > max_ranks || gpus <= g.num_ranks) return chrome_trace_json(g, schedule);
+  const nlohmann::json classes = chrome_trace_json(g, schedule);
+  const int64_t per_stage = gpus / std::max<int64_t>(1, layout.pp);
+  auto class_of = [&](int64_t r) { return g.num_ranks > 1 ? static_cast<int>(r / per_stage) : 0; };
+  nlohmann::json events = nlohmann::json::array();
+  for (int64_t r = 0; r < gpus; ++r) {
+    const int64_t tp = r % layout.tp, cp = r / layout.tp % layout.cp, shard = r / (layout.tp * layout.cp) % layout.dp_shard,
+                  rep = r / (layout.tp * layout.cp * layout.dp_shard) % layout.dp_replicate, pp = r / per_stage;
+    const std::string who = "rank " + std::to_string(r) + " (tp " + std::to_string(tp) + ", cp " + std::to_string(cp) +
+                            ", dp_shard " + std::to_string(shard) + ", dp_replicate " + std::to_string(rep) + ", pp " +
+                            std::to_string(pp) + ")";
+    const int cls = class_of(r);
+    for (const auto& e : classes["traceEvents"]) {
+      if (e["pid"].get<int>() != cls) continue;
+      nlohmann::json copy = e;
+      copy["pid"] = r;
+      if (copy["ph"] == "M" && copy["name"] == "process_name") copy["args"]["name"] = who;
+      if (copy["ph"] == "M" && copy["name"] == "process_sort_index") copy["args"]["sort_index"] = r;
+      events.push_back(std::move(copy));
+    }
   }
   return {{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}};
 }

@@ -15,9 +15,10 @@ struct Builder {
   OpGraph g;
   std::vector<Allocation> allocs;
   std::vector<OpId> last_compute;
+  std::vector<std::vector<OpId>> pending;  // blocking comm ops the rank's next compute op waits for
 
   Builder(const StepInputs& inputs, int ranks, int represented, std::size_t expected_ops)
-      : in(inputs), last_compute(ranks, kNoOp) {
+      : in(inputs), last_compute(ranks, kNoOp), pending(ranks) {
     g.num_ranks = ranks;
     g.num_ranks_represented = represented;
     allocs.reserve(expected_ops);
@@ -38,7 +39,18 @@ struct Builder {
     if (stream == Stream::compute) {
       graph_add_edge(g, last_compute[rank], id);
       last_compute[rank] = id;
+      for (OpId blocker : pending[rank]) graph_add_edge(g, blocker, id);
+      pending[rank].clear();
     }
+    return id;
+  }
+
+  // A communication op the rank's next compute op must wait for (on the critical path).
+  OpId add_blocking(OpKind kind, int rank, double duration_s, int layer, int micro_batch, int64_t bytes,
+                    std::string label, OpId after) {
+    const OpId id = add(kind, rank, Stream::comm, duration_s, layer, micro_batch, bytes, std::move(label));
+    graph_add_edge(g, after, id);
+    pending[rank].push_back(id);
     return id;
   }
 
@@ -80,8 +92,48 @@ bool is_checkpointed(const StepInputs& in, int layer) {
   return in.checkpointing && in.layers[layer].checkpointable;
 }
 
+// The ops of one compute step of a unit and the exchanges around it.
+struct Span {
+  OpId first = kNoOp;  // the first compute op
+  OpId last = kNoOp;   // the last compute op
+  OpId done = kNoOp;   // what a consumer waits for: the last compute op, or the tensor-parallel collective after it
+};
+
+// A unit's compute op (`duration_s`) with its context-parallel K/V exchange `cp_s` and its
+// tensor-parallel collectives `tp_s`. Ring attention splits the op: the attention part
+// (`attention_s`) runs beside the exchange and the rest waits for it, so only what the attention
+// does not hide is exposed; an all-gather of K/V comes before the op, blocking. The tensor-parallel
+// collectives follow the op and block the next compute op (Megatron-LM's all-reduce after the
+// row-parallel linears; with sequence parallelism a reduce-scatter and an all-gather).
+Span emit_exchanging(Builder& b, OpKind kind, int rank, double duration_s, double attention_s, double cp_s, double tp_s,
+                     int layer, int micro_batch, const std::string& label) {
+  const bool ring = b.in.parallel.cp_mode == ContextParallel::ring;
+  const LayerCost& l = b.in.layers[layer];
+  Span sp;
+  if (cp_s > 0 && !ring)
+    b.add_blocking(OpKind::all_gather, rank, cp_s, layer, micro_batch, 0, "cp all-gather K/V " + label, b.last_compute[rank]);
+  if (cp_s > 0 && ring) {
+    const OpId before = b.last_compute[rank];
+    sp.first = b.add(kind, rank, Stream::compute, attention_s, layer, micro_batch, 0, label + " (attention)");
+    const OpId exchange = b.add(OpKind::send, rank, Stream::comm, cp_s, layer, micro_batch, 0, "cp ring K/V " + label);
+    graph_add_edge(b.g, before, exchange);
+    b.pending[rank].push_back(exchange);
+    sp.last = b.add(kind, rank, Stream::compute, duration_s - attention_s, layer, micro_batch, 0, label);
+  } else {
+    sp.first = sp.last = b.add(kind, rank, Stream::compute, duration_s, layer, micro_batch, 0, label);
+  }
+  sp.done = sp.last;
+  if (tp_s > 0)
+    sp.done = b.add_blocking(b.in.parallel.sequence_parallel ? OpKind::reduce_scatter : OpKind::all_reduce, rank, tp_s,
+                             layer, micro_batch, l.tp_comm_bytes, "tp " + std::string(b.in.parallel.sequence_parallel ? "reduce-scatter+all-gather " : "all-reduce ") + label,
+                             sp.last);
+  return sp;
+}
+
 struct ForwardOps {
-  OpId op = kNoOp;
+  OpId op = kNoOp;     // the last compute op
+  OpId first = kNoOp;  // the first compute op
+  OpId done = kNoOp;   // what the next stage waits for
   std::size_t saved = kNone;   // saved activations or, under checkpointing, the checkpoint
   std::size_t logits = kNone;  // the head only
 };
@@ -91,20 +143,23 @@ ForwardOps emit_forward(Builder& b, int rank, int layer, int micro_batch) {
   const std::string name = b.unit_name(layer);
   const std::string mb = mb_suffix(micro_batch);
   ForwardOps f;
-  f.op = b.add(OpKind::forward, rank, Stream::compute, l.forward_s, layer, micro_batch, 0,
-               "fwd " + name + mb);
+  const Span sp = emit_exchanging(b, OpKind::forward, rank, l.forward_s, l.attention_forward_s, l.cp_forward_comm_s,
+                                  l.tp_forward_comm_s, layer, micro_batch, "fwd " + name + mb);
+  f.op = sp.last;
+  f.first = sp.first;
+  f.done = sp.done;
   if (is_checkpointed(b.in, layer))
-    f.saved = b.alloc("checkpoint " + name + mb, rank, l.checkpoint_bytes, f.op);
+    f.saved = b.alloc("checkpoint " + name + mb, rank, l.checkpoint_bytes, f.first);
   else
-    f.saved = b.alloc("saved activations " + name + mb, rank, l.saved_activation_bytes, f.op);
+    f.saved = b.alloc("saved activations " + name + mb, rank, l.saved_activation_bytes, f.first);
   if (layer + 1 == static_cast<int>(b.in.layers.size()))
-    f.logits = b.alloc("logits" + mb, rank, b.in.logits_bytes, f.op);
+    f.logits = b.alloc("logits" + mb, rank, b.in.logits_bytes, f.first);
   return f;
 }
 
 struct BackwardOps {
   OpId first = kNoOp;
-  OpId input = kNoOp;   // backward_input
+  OpId input = kNoOp;   // backward_input's last compute op
   OpId weight = kNoOp;  // backward_weight, the last op of the unit
 };
 
@@ -115,15 +170,17 @@ BackwardOps emit_backward(Builder& b, int rank, int layer, int micro_batch, cons
   BackwardOps ops;
   std::size_t recomputed = kNone;
   if (is_checkpointed(b.in, layer)) {
-    ops.first = b.add(OpKind::recompute, rank, Stream::compute, l.forward_s, layer, micro_batch, 0,
-                      "recompute " + name + mb);
+    const Span re = emit_exchanging(b, OpKind::recompute, rank, l.forward_s, l.attention_forward_s, l.cp_forward_comm_s,
+                                    l.tp_forward_comm_s, layer, micro_batch, "recompute " + name + mb);
+    ops.first = re.first;
     recomputed = b.alloc("recomputed activations " + name + mb, rank, l.saved_activation_bytes, ops.first);
   }
-  ops.input = b.add(OpKind::backward_input, rank, Stream::compute, l.backward_input_s, layer,
-                    micro_batch, 0, "bwd-in " + name + mb);
+  const Span in = emit_exchanging(b, OpKind::backward_input, rank, l.backward_input_s, 2 * l.attention_forward_s,
+                                  l.cp_backward_comm_s, l.tp_backward_comm_s, layer, micro_batch, "bwd-in " + name + mb);
+  ops.input = in.last;
   ops.weight = b.add(OpKind::backward_weight, rank, Stream::compute, l.backward_weight_s, layer,
                      micro_batch, 0, "bwd-w " + name + mb);
-  if (ops.first == kNoOp) ops.first = ops.input;
+  if (ops.first == kNoOp) ops.first = in.first;
   b.free_at(f.logits, ops.input);
   b.free_at(f.saved, ops.weight);
   b.free_at(recomputed, ops.weight);
@@ -163,7 +220,7 @@ std::vector<DdpBucket> ddp_bucket_plan(const StepInputs& in) {
 }
 
 std::vector<PipelineSlot> pipeline_stage_order(PipelineSchedule schedule, int stage, int stages,
-                                               int micro_batches) {
+                                               int micro_batches, int chunks) {
   std::vector<PipelineSlot> order;
   const int m = micro_batches;
   if (schedule == PipelineSchedule::naive) {
@@ -175,6 +232,24 @@ std::vector<PipelineSlot> pipeline_stage_order(PipelineSchedule schedule, int st
     // GPipe (Huang et al. 2019, fig. 2c): all forwards, then all backwards in reverse.
     for (int k = 0; k < m; ++k) order.push_back({k, true});
     for (int k = m - 1; k >= 0; --k) order.push_back({k, false});
+  } else if (schedule == PipelineSchedule::interleaved_1f1b && chunks > 1) {
+    // Megatron-LM's interleaved 1F1B (Narayanan et al. 2021, fig. 4 bottom; megatron/core/pipeline_parallel/
+    // schedules.py forward_backward_pipelining_with_interleaving): m·v virtual micro-batches; the k-th
+    // runs chunk (k mod p·v) / p (backward: the chunks in reverse) of micro-batch (k / p·v)·p + k mod p;
+    // stage s warms up with (p - s - 1)·2 + (v - 1)·p forwards (all of them when m = p).
+    const int p = stages, v = chunks, total = m * v;
+    auto micro = [&](int k) { return (k / (p * v)) * p + k % p; };
+    auto chunk = [&](int k, bool forward) {
+      const int c = (k % (p * v)) / p;
+      return forward ? c : v - 1 - c;
+    };
+    const int warmup = m == p ? total : std::min(total, (p - stage - 1) * 2 + (v - 1) * p);
+    for (int k = 0; k < warmup; ++k) order.push_back({micro(k), true, chunk(k, true)});
+    for (int i = 0; i < total - warmup; ++i) {
+      order.push_back({micro(warmup + i), true, chunk(warmup + i, true)});
+      order.push_back({micro(i), false, chunk(i, false)});
+    }
+    for (int k = total - warmup; k < total; ++k) order.push_back({micro(k), false, chunk(k, false)});
   } else {
     // 1F1B / PipeDream-flush (Narayanan et al. 2021, fig. 4): stage s warms up with p-s-1 forwards.
     const int warmup = std::min(stages - stage - 1, m);
@@ -332,58 +407,110 @@ OpGraph build_data_parallel_graph(const StepInputs& in) {
 
 OpGraph build_pipeline_graph(const StepInputs& in) {
   validate_step_inputs(in);
+  const Parallelism& par = in.parallel;
   const int p = in.num_gpus;
+  const int v = pipeline_chunks(par);
+  const int V = p * v;  // virtual stages: chunk c of stage s is virtual stage c·p + s
   const int m = in.micro_batches;
   const std::vector<int> bounds = stage_layer_bounds(in);
-  Builder b(in, p, p, static_cast<std::size_t>(m) * (in.layers.size() * 4 + 2) + p);
+  Builder b(in, p, static_cast<int>(std::max<int64_t>(p, par.gpus())), static_cast<std::size_t>(m) * (in.layers.size() * 6 + 2 * V) + 4 * in.layers.size() + p);
 
-  // Per stage and micro-batch: the first op of its forward/backward slot, and the op after which
-  // the neighbour may go on (the send, or the last compute op on the last/first stage).
-  auto table = [&] { return std::vector<std::vector<OpId>>(p, std::vector<OpId>(m, kNoOp)); };
+  // Per virtual stage and micro-batch: the first op of its forward/backward slot, and the op after
+  // which the next virtual stage may go on (the send, or the last op on the last/first one).
+  auto table = [&] { return std::vector<std::vector<OpId>>(V, std::vector<OpId>(m, kNoOp)); };
   auto fwd_first = table(), fwd_done = table(), bwd_first = table(), bwd_done = table();
+  auto stage_of = [&](int vs) { return vs % p; };
+  // Data parallelism over each stage (PP x DP): once per step.
+  const bool dp = par.grad_group() > 1;
+  const bool sharded = par.sharding != Sharding::none;
   for (int s = 0; s < p; ++s) {
     const int64_t static_bytes = in.static_bytes_by_rank.empty() ? in.static_bytes_per_rank : in.static_bytes_by_rank[s];
     b.alloc("static: weights, gradients, optimizer states", s, static_bytes, kNoOp);
-    const int lo = bounds[s], hi = bounds[s + 1];
-    std::vector<std::vector<ForwardOps>> forwards(m, std::vector<ForwardOps>(hi - lo));
-    for (const PipelineSlot& slot : pipeline_stage_order(in.parallel.schedule, s, p, m)) {
+    std::vector<int> units;  // this stage's units, chunk by chunk
+    for (int c = 0; c < v; ++c)
+      for (int i = bounds[c * p + s]; i < bounds[c * p + s + 1]; ++i) units.push_back(i);
+    // Sharded parameters (stage 3) are gathered once, before the first forward, and kept all step.
+    if (dp && par.shards_params())
+      for (int i : units)
+        if (in.layers[i].param_bytes > 0)
+          b.add_blocking(OpKind::all_gather, s, in.all_gather_s(in.layers[i].param_bytes), i, -1, in.layers[i].param_bytes,
+                         "all-gather params " + b.unit_name(i), kNoOp);
+    std::vector<std::vector<ForwardOps>> forwards(static_cast<std::size_t>(m) * v);
+    for (const PipelineSlot& slot : pipeline_stage_order(par.schedule, s, p, m, v)) {
       const int k = slot.micro_batch;
+      const int vs = slot.chunk * p + s;
+      const int lo = bounds[vs], hi = bounds[vs + 1];
+      auto& kept = forwards[static_cast<std::size_t>(k) * v + slot.chunk];
       if (slot.forward) {
-        OpId last = kNoOp;
+        kept.resize(hi - lo);
+        OpId done = kNoOp;
         for (int i = lo; i < hi; ++i) {
-          forwards[k][i - lo] = emit_forward(b, s, i, k);
-          last = forwards[k][i - lo].op;
-          if (i == lo) fwd_first[s][k] = last;
+          kept[i - lo] = emit_forward(b, s, i, k);
+          done = kept[i - lo].done;
+          if (i == lo) fwd_first[vs][k] = kept[i - lo].first;
         }
-        fwd_done[s][k] = last;
-        const int64_t bytes = s + 1 < p ? in.layers[hi].checkpoint_bytes : 0;
+        fwd_done[vs][k] = done;
+        const int64_t bytes = vs + 1 < V ? in.layers[hi].checkpoint_bytes : 0;
         if (bytes > 0) {
-          fwd_done[s][k] = b.add(OpKind::send, s, Stream::comm, in.p2p_s(bytes), hi - 1, k, bytes,
-                                 "send activations to rank " + std::to_string(s + 1) + mb_suffix(k));
-          graph_add_edge(b.g, last, fwd_done[s][k]);
+          fwd_done[vs][k] = b.add(OpKind::send, s, Stream::comm, in.p2p_s(bytes), hi - 1, k, bytes,
+                                  "send activations to rank " + std::to_string(stage_of(vs + 1)) + mb_suffix(k));
+          graph_add_edge(b.g, done, fwd_done[vs][k]);
         }
       } else {
         OpId last = kNoOp;
         for (int i = hi - 1; i >= lo; --i) {
-          const BackwardOps ops = emit_backward(b, s, i, k, forwards[k][i - lo]);
-          if (i == hi - 1) bwd_first[s][k] = ops.first;
+          const BackwardOps ops = emit_backward(b, s, i, k, kept[i - lo]);
+          if (i == hi - 1) bwd_first[vs][k] = ops.first;
           last = ops.weight;
         }
-        bwd_done[s][k] = last;
-        const int64_t bytes = s > 0 ? in.layers[lo].checkpoint_bytes : 0;
+        bwd_done[vs][k] = last;
+        const int64_t bytes = vs > 0 ? in.layers[lo].checkpoint_bytes : 0;
         if (bytes > 0) {
-          bwd_done[s][k] = b.add(OpKind::send, s, Stream::comm, in.p2p_s(bytes), lo, k, bytes,
-                                 "send gradient to rank " + std::to_string(s - 1) + mb_suffix(k));
-          graph_add_edge(b.g, last, bwd_done[s][k]);
+          bwd_done[vs][k] = b.add(OpKind::send, s, Stream::comm, in.p2p_s(bytes), lo, k, bytes,
+                                  "send gradient to rank " + std::to_string(stage_of(vs - 1)) + mb_suffix(k));
+          graph_add_edge(b.g, last, bwd_done[vs][k]);
         }
       }
     }
-    b.add(OpKind::optimizer_step, s, Stream::compute, in.optimizer_step_s, -1, -1, 0, "optimizer step");
+    // The stage's gradients over its data-parallel group, after its last backward.
+    std::vector<OpId> synced;
+    int64_t stage_grads = 0;
+    if (dp) {
+      for (int i : units) {
+        const int64_t grads = in.layers[i].grad_bytes;
+        if (grads == 0) continue;
+        stage_grads += grads;
+        const OpId op = sharded ? b.add(OpKind::reduce_scatter, s, Stream::comm, in.reduce_scatter_s(grads), i, -1, grads,
+                                        "reduce-scatter grads " + b.unit_name(i))
+                                : b.add(OpKind::all_reduce, s, Stream::comm, in.all_reduce_s(grads), i, -1, grads,
+                                        "all-reduce grads " + b.unit_name(i));
+        graph_add_edge(b.g, b.last_compute[s], op);
+        synced.push_back(op);
+      }
+      if (sharded && par.dp_replicate > 1 && stage_grads > 0) {
+        const OpId ar = b.add(OpKind::all_reduce, s, Stream::comm, in.replica_all_reduce_s(stage_grads), -1, -1,
+                              stage_grads, "replica all-reduce grads");
+        for (OpId op : synced) graph_add_edge(b.g, op, ar);
+        synced.push_back(ar);
+      }
+    }
+    b.pending[s].insert(b.pending[s].end(), synced.begin(), synced.end());
+    const OpId step = b.add(OpKind::optimizer_step, s, Stream::compute, in.optimizer_step_s, -1, -1, 0, "optimizer step");
+    // ZeRO-1/2 over the stage: the updated parameters gathered after the step.
+    if (dp && sharded && !par.shards_params())
+      for (int i : units) {
+        const LayerCost& unit = in.layers[i];
+        const int64_t bytes = unit.updated_param_bytes >= 0 ? unit.updated_param_bytes : unit.grad_bytes;
+        if (bytes == 0) continue;
+        const OpId ag = b.add(OpKind::all_gather, s, Stream::comm, in.all_gather_s(bytes), i, -1, bytes,
+                              "all-gather updated params " + b.unit_name(i));
+        graph_add_edge(b.g, step, ag);
+      }
   }
-  for (int s = 0; s < p; ++s) {
+  for (int vs = 0; vs < V; ++vs) {
     for (int k = 0; k < m; ++k) {
-      if (s > 0) graph_add_edge(b.g, fwd_done[s - 1][k], fwd_first[s][k]);
-      if (s + 1 < p) graph_add_edge(b.g, bwd_done[s + 1][k], bwd_first[s][k]);
+      if (vs > 0) graph_add_edge(b.g, fwd_done[vs - 1][k], fwd_first[vs][k]);
+      if (vs + 1 < V) graph_add_edge(b.g, bwd_done[vs + 1][k], bwd_first[vs][k]);
     }
   }
   return b.finish();

@@ -39,9 +39,12 @@ OpGraph build_step_graph(const StepInputs& inputs);
 // All collectives share one comm stream per rank (NCCL shares the links anyway).
 OpGraph build_data_parallel_graph(const StepInputs& inputs);
 
-// mp, pipeline_gpipe, pipeline_1f1b: every stage is a rank (num_gpus stages); each stage sends
-// the activation (checkpoint_bytes of the next stage's first unit) forward and its gradient back
-// as one op on the sender's comm stream. mp runs micro-batches one after the other.
+// Pipelines (pp > 1: naive mp, GPipe, 1F1B, interleaved 1F1B with virtual_stages chunks per stage):
+// every stage is a rank (num_gpus stages, one per class of rank: the tp, cp and dp ranks of a stage
+// do the same work); each virtual stage sends the activation (checkpoint_bytes of the next one's
+// first unit) forward and its gradient back as one op on the sender's comm stream. mp runs
+// micro-batches one after the other. With data parallelism (PP x DP) each stage synchronises its
+// gradients after its last backward (StepInputs' PP x DP note).
 OpGraph build_pipeline_graph(const StepInputs& inputs);
 
 // DDP's buckets in the order they are reduced: filled from the last unit's gradients backwards,
@@ -57,8 +60,9 @@ std::vector<DdpBucket> ddp_bucket_plan(const StepInputs& inputs);
 struct PipelineSlot {
   int micro_batch = 0;
   bool forward = true;
+  int chunk = 0;  // the model chunk (interleaved 1F1B), 0..virtual_stages-1
 };
 std::vector<PipelineSlot> pipeline_stage_order(PipelineSchedule schedule, int stage, int stages,
-                                               int micro_batches);
+                                               int micro_batches, int chunks = 1);
 
 }  // namespace ftplan::sim

@@ -14,12 +14,15 @@ StepInputs step_inputs_from_plan(const PlanContext& ctx, const Candidate& c, boo
   const TrainingSetup& setup = *ctx.memory.setup;
   const PreparedJob& mem = ctx.memory;
   const int64_t B = c.micro_batch;
-  const double T = static_cast<double>(B) * setup.seq_len;
-  const double seconds_per_flop = 1.0 / (ctx.peak_flops * ctx.efficiency);
+  const double T = micro_batch_tokens(setup, B);
+  const Parallelism& layout = c.parallel;
+  // Tensor and context parallelism split every token's work: each rank computes 1/(tp·cp) of it.
+  const double seconds_per_flop = 1.0 / (ctx.peak_flops * ctx.efficiency * static_cast<double>(layout.tp * layout.cp));
+  const ShardedLayerComm lc = sharded_layer_comm(ctx, c, T);
   const FlopsPerToken& f = ctx.flops;
 
   StepInputs in;
-  const Parallelism& par = c.parallel;
+  const Parallelism& par = layout;
   in.parallel = par;
   in.name = c.name.empty() ? name(par) : c.name;
   const bool pipeline = is_pipeline(par);
@@ -29,7 +32,7 @@ StepInputs step_inputs_from_plan(const PlanContext& ctx, const Candidate& c, boo
   in.overlap = overlap;
 
   // QLoRA dequantises each block's NF4 weights before its forward and again before its backward.
-  const double block_dequant = ctx.nf4_params ? nf4_dequant_time_s(ctx.nf4_params / model.num_layers, hw) : 0.0;
+  const double block_dequant = ctx.nf4_params ? nf4_dequant_time_s(ctx.nf4_params / layout.tp / model.num_layers, hw) : 0.0;
   // Autocast's effects where fp32 parameters meet the matmuls (not under FSDP/ZeRO-3): memory_model.h.
   const int ac = par.gathers_params() ? 0 : 1;
   const int64_t block_input = B * mem.block_input_bytes_per_sample[ac];
@@ -41,6 +44,8 @@ StepInputs step_inputs_from_plan(const PlanContext& ctx, const Candidate& c, boo
   embedding.updated_param_bytes = ctx.embedding_update_bytes;
   embedding.checkpoint_bytes = block_input;
   embedding.checkpointable = false;
+  embedding.tp_forward_comm_s = lc.tp_collective_s;  // the vocabulary-parallel embedding's output
+  embedding.tp_comm_bytes = static_cast<int64_t>(lc.activation_bytes);
   in.layers.push_back(embedding);
 
   for (int64_t l = 0; l < model.num_layers; ++l) {
@@ -56,6 +61,12 @@ StepInputs step_inputs_from_plan(const PlanContext& ctx, const Candidate& c, boo
     block.saved_activation_bytes = B * mem.block_bytes_per_sample[static_cast<int>(c.attention)][selective][ac] +
                                    (ac ? static_cast<int64_t>(mem.layer_weight_copy_bytes) : 0);
     block.checkpoint_bytes = block_input;
+    block.tp_forward_comm_s = 2 * lc.tp_collective_s;   // after o_proj and down_proj
+    block.tp_backward_comm_s = 2 * lc.tp_collective_s;  // the input gradients of q/k/v and gate/up
+    block.tp_comm_bytes = static_cast<int64_t>(lc.activation_bytes);
+    block.attention_forward_s = layout.cp > 1 ? lc.attention_forward_s : 0.0;
+    block.cp_forward_comm_s = lc.cp_forward_s;
+    block.cp_backward_comm_s = lc.cp_backward_s;
     in.layers.push_back(block);
   }
 
@@ -70,6 +81,8 @@ StepInputs step_inputs_from_plan(const PlanContext& ctx, const Candidate& c, boo
   head.saved_activation_bytes = B * mem.head_bytes_per_sample[ac] + (ac ? static_cast<int64_t>(mem.head_weight_copy_bytes) : 0);
   head.checkpoint_bytes = block_input;
   head.checkpointable = false;
+  head.tp_backward_comm_s = lc.tp_collective_s;  // the head's input gradient
+  head.tp_comm_bytes = static_cast<int64_t>(lc.activation_bytes);
   in.layers.push_back(head);
   // The loss's peak, alive from the head's forward to its backward (the closed form's logits_loss).
   in.logits_bytes = static_cast<int64_t>(B * mem.loss_peak_bytes_per_sample);
@@ -85,17 +98,24 @@ StepInputs step_inputs_from_plan(const PlanContext& ctx, const Candidate& c, boo
   if (!sim_allocates_grads && !pipeline) resident += m.temporary - mem.dequant_bytes;
   in.static_bytes_per_rank = resident;
   if (pipeline) {
-    // Stage k: its blocks, the embedding on the first, the head on the last.
-    const int p = in.num_gpus;
-    for (int k = 0; k < p; ++k) {
-      const int64_t layers = model.num_layers / p + (k < model.num_layers % p ? 1 : 0);
-      in.stage_layer_counts.push_back(static_cast<int>(layers + (k == 0 ? 1 : 0) + (k == p - 1 ? 1 : 0)));
-      double bytes = layers * (mem.layer_weight_bytes + mem.layer_grad_bytes + mem.layer_opt_bytes);
-      if (k == 0) bytes += mem.embedding_weight_bytes + mem.embedding_grad_bytes + mem.embedding_opt_bytes;
-      if (k == p - 1)
-        bytes += mem.head_weight_bytes + mem.tied_head_weight_bytes + mem.head_grad_bytes + mem.head_opt_bytes;
-      in.static_bytes_by_rank.push_back(static_cast<int64_t>(std::ceil(bytes)) + m.overhead + mem.dequant_bytes);
+    // Virtual stage j (chunk j / p of stage j mod p): its blocks, the embedding on the first, the head
+    // on the last; a stage's static bytes are its chunks' model states, sharded over its
+    // data-parallel group as the whole-model estimate shards them.
+    const int p = in.num_gpus, V = p * pipeline_chunks(par);
+    const double n = static_cast<double>(std::max<int64_t>(1, par.shard_group()));
+    const double w = par.shards_params() ? n : 1, g = par.shards_gradients() ? n : 1, o = par.shards_optimizer() ? n : 1;
+    std::vector<double> stage_bytes(p, 0.0);
+    for (int j = 0; j < V; ++j) {
+      const int64_t layers = model.num_layers / V + (j < model.num_layers % V ? 1 : 0);
+      in.stage_layer_counts.push_back(static_cast<int>(layers + (j == 0 ? 1 : 0) + (j == V - 1 ? 1 : 0)));
+      double bytes = layers * (mem.layer_weight_bytes / w + mem.layer_grad_bytes / g + mem.layer_opt_bytes / o);
+      if (j == 0) bytes += mem.embedding_weight_bytes / w + mem.embedding_grad_bytes / g + mem.embedding_opt_bytes / o;
+      if (j == V - 1)
+        bytes += (mem.head_weight_bytes + mem.tied_head_weight_bytes) / w + mem.head_grad_bytes / g + mem.head_opt_bytes / o;
+      stage_bytes[j % p] += bytes;
     }
+    for (int k = 0; k < p; ++k)
+      in.static_bytes_by_rank.push_back(static_cast<int64_t>(std::ceil(stage_bytes[k])) + m.overhead + mem.dequant_bytes);
   }
   in.optimizer_step_s = estimate_step(ctx, c).optimizer_s;
 

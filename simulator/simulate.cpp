@@ -38,24 +38,30 @@ StepSimulation simulate_step(const StepInputs& inputs) {
                std::to_string(kMaxSimulatedOps) + "): too large to simulate; `ftplan plan` gives its closed form");
   };
   if (16 * static_cast<int64_t>(inputs.layers.size()) > kMaxSimulatedOps) refuse(16 * static_cast<int64_t>(inputs.layers.size()));
-  if (m <= 2) return simulate_step_exactly(inputs);
-  // Ops of one and two micro-batches give the cost of each further one.
-  const int64_t ops1 = static_cast<int64_t>(graph_op_count(build_step_graph(with_micro_batches(inputs, 1))));
+  // Micro-batches come in groups of q: one, or pp under the interleaved schedule (Megatron runs it on
+  // multiples of the stage count).
+  const int q = inputs.parallel.schedule == PipelineSchedule::interleaved_1f1b && pipeline_chunks(inputs.parallel) > 1
+                    ? std::max(1, inputs.num_gpus)
+                    : 1;
+  if (m <= 2 * q) return simulate_step_exactly(inputs);
+  // Ops of one and two groups give the cost of each further one.
+  const int64_t ops1 = static_cast<int64_t>(graph_op_count(build_step_graph(with_micro_batches(inputs, q))));
   if (ops1 > kMaxSimulatedOps) refuse(ops1);
-  const int64_t ops2 = static_cast<int64_t>(graph_op_count(build_step_graph(with_micro_batches(inputs, 2))));
-  const int64_t per_mb = std::max<int64_t>(1, ops2 - ops1);
-  if (ops1 + (m - 1) * per_mb <= kMaxSimulatedOps) return simulate_step_exactly(inputs);
+  const int64_t ops2 = static_cast<int64_t>(graph_op_count(build_step_graph(with_micro_batches(inputs, 2 * q))));
+  const int64_t per_group = std::max<int64_t>(1, ops2 - ops1);
+  const int groups = m / q;
+  if (ops1 + (groups - 1) * per_group <= kMaxSimulatedOps) return simulate_step_exactly(inputs);
   // The largest count that fits, at least two full pipeline fills past the warm-up.
-  const int fit = static_cast<int>(std::min<int64_t>(m, 1 + (kMaxSimulatedOps - ops1) / per_mb));
-  const int floor_m = is_pipeline(inputs.parallel) ? 2 * inputs.num_gpus + 1 : 3;
+  const int fit = q * static_cast<int>(std::min<int64_t>(groups, 1 + (kMaxSimulatedOps - ops1) / per_group));
+  const int floor_m = is_pipeline(inputs.parallel) ? std::max(2 * inputs.num_gpus + 1, 3 * q) : 3;
   if (fit < floor_m)
     fail_input("simulate: grad_accum " + std::to_string(m) + " needs about " +
-               std::to_string(ops1 + (m - 1) * per_mb) + " ops and not even " + std::to_string(floor_m) +
+               std::to_string(ops1 + (groups - 1) * per_group) + " ops and not even " + std::to_string(floor_m) +
                " micro-batches fit the limit of " + std::to_string(kMaxSimulatedOps) +
                " ops; `ftplan plan` gives its closed form");
-  const StepSimulation before = simulate_step_exactly(with_micro_batches(inputs, fit - 1));
+  const StepSimulation before = simulate_step_exactly(with_micro_batches(inputs, fit - q));
   StepSimulation sim = simulate_step_exactly(with_micro_batches(inputs, fit));
-  const double steps = static_cast<double>(m - fit);
+  const double steps = static_cast<double>(m - fit) / q;
   Schedule& s = sim.schedule;
   s.step_time_s = extend(before.schedule.step_time_s, s.step_time_s, steps);
   for (size_t r = 0; r < s.ranks.size(); ++r) {
@@ -73,7 +79,7 @@ StepSimulation simulate_step(const StepInputs& inputs) {
                     "coarsened: simulated " + std::to_string(fit) + " of " + std::to_string(m) +
                         " micro-batches (the limit is " + std::to_string(kMaxSimulatedOps) +
                         " ops) and extrapolated step time, per-rank totals and peak memory linearly from " +
-                        std::to_string(fit - 1) + " and " + std::to_string(fit) +
+                        std::to_string(fit - q) + " and " + std::to_string(fit) +
                         "; the graph and trace hold the simulated micro-batches"};
   return sim;
 }

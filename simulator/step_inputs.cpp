@@ -1,5 +1,6 @@
 #include "simulator/step_inputs.h"
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 
@@ -15,8 +16,12 @@ void set_preset(StepInputs& inputs, Strategy strategy, int num_gpus) {
   inputs.num_gpus = num_gpus;
 }
 
+int pipeline_chunks(const Parallelism& p) {
+  return p.schedule == PipelineSchedule::interleaved_1f1b ? static_cast<int>(std::max<int64_t>(1, p.virtual_stages)) : 1;
+}
+
 std::vector<int> stage_layer_bounds(const StepInputs& inputs) {
-  const int stages = inputs.num_gpus;
+  const int stages = inputs.num_gpus * pipeline_chunks(inputs.parallel);
   const int layers = static_cast<int>(inputs.layers.size());
   std::vector<int> bounds{0};
   if (!inputs.stage_layer_counts.empty()) {
@@ -47,9 +52,13 @@ void validate_step_inputs(const StepInputs& in) {
     add(strategy + " needs num_gpus(" + std::to_string(in.num_gpus) + ") == 1");
   if (is_pipeline(par) && in.num_gpus != par.pp)
     add(strategy + " needs num_gpus(" + std::to_string(in.num_gpus) + ") == pp(" + std::to_string(par.pp) + ")");
-  if (is_pipeline(par) && in.num_gpus > layers)
-    add(strategy + " needs num_gpus(" + std::to_string(in.num_gpus) + ") <= layers(" +
-        std::to_string(layers) + ")");
+  const int virtual_stages = in.num_gpus * pipeline_chunks(par);
+  if (is_pipeline(par) && virtual_stages > layers)
+    add(strategy + " needs num_gpus(" + std::to_string(in.num_gpus) + ") * chunks(" + std::to_string(pipeline_chunks(par)) +
+        ") <= layers(" + std::to_string(layers) + ")");
+  if (par.schedule == PipelineSchedule::interleaved_1f1b && in.micro_batches % std::max(1, in.num_gpus) != 0)
+    add(strategy + " needs micro_batches(" + std::to_string(in.micro_batches) + ") divisible by num_gpus(" +
+        std::to_string(in.num_gpus) + ") (Megatron's interleaved schedule)");
   if (!in.stage_layer_counts.empty()) {
     int sum = 0;
     bool positive = true;
@@ -57,9 +66,9 @@ void validate_step_inputs(const StepInputs& in) {
       sum += c;
       positive = positive && c >= 1;
     }
-    if (static_cast<int>(in.stage_layer_counts.size()) != in.num_gpus || sum != layers || !positive)
-      add("stage_layer_counts must have num_gpus(" + std::to_string(in.num_gpus) +
-          ") entries >= 1 summing to layers(" + std::to_string(layers) + ")");
+    if (static_cast<int>(in.stage_layer_counts.size()) != virtual_stages || sum != layers || !positive)
+      add("stage_layer_counts must have num_gpus(" + std::to_string(in.num_gpus) + ") * chunks(" +
+          std::to_string(pipeline_chunks(par)) + ") entries >= 1 summing to layers(" + std::to_string(layers) + ")");
   }
   if (!in.static_bytes_by_rank.empty() &&
       static_cast<int>(in.static_bytes_by_rank.size()) != in.num_gpus)
@@ -74,8 +83,12 @@ void validate_step_inputs(const StepInputs& in) {
   for (int i = 0; i < layers; ++i) {
     const LayerCost& l = in.layers[i];
     const std::string where = "layers[" + std::to_string(i) + "]";
-    if (bad_number(l.forward_s) || bad_number(l.backward_input_s) || bad_number(l.backward_weight_s))
+    if (bad_number(l.forward_s) || bad_number(l.backward_input_s) || bad_number(l.backward_weight_s) ||
+        bad_number(l.tp_forward_comm_s) || bad_number(l.tp_backward_comm_s) || bad_number(l.attention_forward_s) ||
+        bad_number(l.cp_forward_comm_s) || bad_number(l.cp_backward_comm_s))
       add(where + ": durations must be finite and >= 0");
+    if (l.attention_forward_s > l.forward_s || 2 * l.attention_forward_s > l.backward_input_s)
+      add(where + ": attention_forward_s must fit in forward_s and, twice, in backward_input_s");
     if (l.param_bytes < 0 || l.grad_bytes < 0 || l.saved_activation_bytes < 0 || l.checkpoint_bytes < 0)
       add(where + ": byte counts must be >= 0");
   }
@@ -85,7 +98,7 @@ void validate_step_inputs(const StepInputs& in) {
     if (needed && !f) add(strategy + " needs " + name);
   };
   const bool sharded = par.sharding != Sharding::none;
-  need(!sharded && par.grad_group() > 1, in.all_reduce_s, "all_reduce_s");
+  need(!sharded && par.grad_group() > 1, in.all_reduce_s, "all_reduce_s");  // DDP, and PP x DDP
   need(sharded, in.reduce_scatter_s, "reduce_scatter_s");
   need(sharded, in.all_gather_s, "all_gather_s");
   need(sharded && par.dp_replicate > 1, in.replica_all_reduce_s, "replica_all_reduce_s");

@@ -29,6 +29,17 @@ struct LayerCost {
   bool checkpointable = true;        // false for the embedding and the head (never recomputed)
   int64_t updated_param_bytes = -1;  // trainable weights gathered after a ZeRO-1/2 optimizer step
                                      // (they differ from grad_bytes under fp32 gradients); -1: grad_bytes
+  // Tensor parallelism (Megatron-LM): the activation collectives of the unit over the tp group, on
+  // the critical path (the next compute op waits for them).
+  double tp_forward_comm_s = 0.0;    // after the forward, and again after a recompute, e.g. two all-reduces
+  double tp_backward_comm_s = 0.0;   // after backward_input (the input gradients)
+  int64_t tp_comm_bytes = 0;         // activation bytes one such exchange moves (trace only)
+  // Context parallelism: K and V exchanged over the cp group. Ring: each exchange runs beside the
+  // attention part of the compute op (forward: attention_forward_s; backward_input: twice that), the
+  // rest of the op waits for it; all_gather: before the compute op, blocking.
+  double attention_forward_s = 0.0;  // the part of forward_s that is attention, e.g. 0.004
+  double cp_forward_comm_s = 0.0;    // per forward and per recompute
+  double cp_backward_comm_s = 0.0;   // per backward_input
 };
 
 struct StepInputs {
@@ -45,8 +56,8 @@ struct StepInputs {
   int64_t static_bytes_per_rank = 0; // weights, gradients, optimizer states (their shards) resident
                                      // all step, incl. DDP buckets; e.g. 30e9
   std::vector<int64_t> static_bytes_by_rank;  // pipeline/mp: per stage; empty = the scalar above
-  std::vector<int> stage_layer_counts;        // pipeline/mp: layers per stage, e.g. {11, 10, 10, 11};
-                                              // empty = split evenly by count
+  std::vector<int> stage_layer_counts;        // pipeline/mp: layers per virtual stage (chunk c of stage s
+                                              // at c·pp + s), e.g. {11, 10, 10, 11}; empty = split evenly
   double optimizer_step_s = 0.0;     // one rank's optimizer step (offload: on the host CPU)
 
   // Communication and copy times, supplied by the planner. Collectives take the unsharded buffer
@@ -59,6 +70,10 @@ struct StepInputs {
                                                               // shard of a `bytes` gradient
   std::function<double(int64_t bytes)> p2p_s;                 // pipeline, mp
   std::function<double(int64_t bytes)> host_copy_s;           // *_offload
+  // Pipelines with data parallelism (PP x DP): each stage's gradients are synchronised over its
+  // data-parallel group once per step after its last backward (all_reduce_s unsharded;
+  // reduce_scatter_s then all_gather_s of the weights (stage 3, before the first forward) or of the
+  // updated parameters (stage 1/2, after the step) sharded; replica_all_reduce_s across replicas).
 
   int64_t bucket_bytes = INT64_C(25) << 20;       // DDP bucket_cap_mb = 25
   int64_t first_bucket_bytes = INT64_C(1) << 20;  // DDP's first bucket (dist._DEFAULT_FIRST_BUCKET_BYTES)
@@ -75,7 +90,11 @@ bool is_pipeline(const Parallelism& p);  // pp > 1 (gpipe, 1f1b, interleaved, na
 // The inputs of a preset (tests and benchmarks): parallel = preset(strategy, num_gpus, 8), named by it.
 void set_preset(StepInputs& inputs, Strategy strategy, int num_gpus);
 
-// Pipeline/mp: the first layer of each stage plus one past the last, e.g. {0, 11, 21, 31, 42}.
+// Model chunks a pipeline stage holds: virtual_stages under the interleaved schedule, else 1.
+int pipeline_chunks(const Parallelism& p);
+
+// Pipeline/mp: the first layer of each virtual stage plus one past the last, e.g. {0, 11, 21, 31, 42};
+// virtual stage c·pp + s is chunk c of stage s (pp · pipeline_chunks entries + 1).
 std::vector<int> stage_layer_bounds(const StepInputs& inputs);
 
 }  // namespace ftplan::sim
