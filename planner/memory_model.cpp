@@ -143,7 +143,7 @@ void finish(MemoryEstimate& e, const HardwareSpec& hw, const TrainingSetup& setu
   std::ostringstream r;
   if (!device_fits) {
     r << "out of memory by " << format_gib(m.total - e.usable_bytes) << ": needs " << format_gib(m.total)
-      << " per GPU (" << e.peak_phase << (e.peak_phase == "step" ? ", " + e.peak_moment : "") << "), " << hw.id
+      << " per GPU (" << e.peak_phase << (e.peak_phase == "step" ? ", " + std::string(e.peak_moment) : "") << "), " << hw.id
       << " has " << format_gib(e.usable_bytes) << " usable (" << format_gib(hw.memory_bytes) << " less "
       << setup.headroom_fraction * 100 << "% headroom)";
   }

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "planner/framework.h"
@@ -60,9 +61,9 @@ struct MemoryEstimate {
   // The three figures of the step's peak: what torch.cuda.max_memory_allocated reports, what
   // max_memory_reserved reports (the caching allocator's segments), what nvidia-smi shows.
   int64_t allocated_peak = 0, reserved_peak = 0, device_peak = 0;
-  std::string peak_moment;           // "forward-backward" or "optimizer step"
+  std::string_view peak_moment;      // "forward-backward" or "optimizer step" (a literal: no allocation per candidate)
   PhaseMemory load, step, save;
-  std::string peak_phase;            // "load", "step" or "save": the phase with the highest device figure
+  std::string_view peak_phase;       // "load", "step" or "save": the phase with the highest device figure
   int64_t host_per_node = 0;         // the highest of the phases' host figures
   int64_t usable_bytes = 0;          // memory × (1 − headroom)
   int64_t host_usable_bytes = 0;     // host memory per node × (1 − headroom)

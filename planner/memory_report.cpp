@@ -149,7 +149,7 @@ std::string memory_report_table(const MemoryReport& r) {
   out << std::left << std::setw(label_w) << "peak" << std::right;
   for (const auto& row : r.rows)
     cell(row.estimate.peak_phase == "step" ? (row.estimate.peak_moment == "optimizer step" ? "optim" : "step")
-                                            : row.estimate.peak_phase);
+                                            : std::string(row.estimate.peak_phase));
   out << "\n" << std::left << std::setw(label_w) << "fits" << std::right;
   for (const auto& row : r.rows) cell(row.estimate.fits ? "yes" : "NO");
   out << "\n" << std::left << std::setw(label_w) << "max micro-batch" << std::right;

@@ -291,10 +291,11 @@ PlanResult plan_job(const ModelSpec& model, const HardwareSpec& hw, const Traini
   const SearchSpace space = search_space(model, hw, setup, search.compositions);
   // One context per tensor/context-parallel cut: every layout of that cut shares its bytes.
   std::map<ShardShape, PlanContext> contexts;
+  const auto nets = std::make_shared<PlanContext::GroupNets>();  // shared by every shape's context
   auto context_for = [&](const Parallelism& p) -> const PlanContext& {
     const ShardShape shape = shard_shape(p);
     auto it = contexts.find(shape);
-    if (it == contexts.end()) it = contexts.emplace(shape, prepare_plan(model, hw, setup, setup.num_gpus, shape)).first;
+    if (it == contexts.end()) it = contexts.emplace(shape, prepare_plan(model, hw, setup, setup.num_gpus, shape, nets)).first;
     return it->second;
   };
   auto better = [](const RankedCandidate& a, const RankedCandidate& b) { return a.score < b.score; };

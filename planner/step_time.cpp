@@ -10,11 +10,17 @@ namespace ftplan {
 
 PlanContext prepare_plan(const ModelSpec& model, const HardwareSpec& hw, const TrainingSetup& setup,
                          int64_t num_gpus, const ShardShape& shape) {
+  return prepare_plan(model, hw, setup, num_gpus, shape, std::make_shared<PlanContext::GroupNets>());
+}
+
+PlanContext prepare_plan(const ModelSpec& model, const HardwareSpec& hw, const TrainingSetup& setup, int64_t num_gpus,
+                         const ShardShape& shape, std::shared_ptr<PlanContext::GroupNets> group_nets) {
   PlanContext c;
+  c.group_nets = std::move(group_nets);
   c.memory = prepare_job(model, hw, setup, shape);
   c.flops = flops_per_token(model, setup);
   c.num_gpus = std::max<int64_t>(1, num_gpus);
-  c.net = interconnect_for(hw, c.num_gpus);
+  c.net = c.group_net({c.num_gpus, 1});  // interconnect_for(hw, num_gpus), through the cache
   c.peak_flops = peak_flops(hw, setup.precision);
   c.efficiency = compute_efficiency(hw, setup);
   const PreparedJob& m = c.memory;
@@ -47,9 +53,11 @@ PlanContext prepare_plan(const ModelSpec& model, const HardwareSpec& hw, const T
 }
 
 const Interconnect& PlanContext::group_net(const GroupPlacement& g) const {
-  const auto key = std::make_pair(g.size, g.stride);
-  auto it = group_nets.find(key);
-  if (it == group_nets.end()) it = group_nets.emplace(key, group_interconnect(*memory.hw, g.size, g.stride, num_gpus)).first;
+  // group_interconnect reads the job's size only as the GPUs it uses on a node.
+  const int64_t on_node = std::min<int64_t>(std::max<int64_t>(1, num_gpus), std::max<int64_t>(1, memory.hw->gpus_per_node));
+  const auto key = std::make_tuple(g.size, g.stride, on_node);
+  auto it = group_nets->find(key);
+  if (it == group_nets->end()) it = group_nets->emplace(key, group_interconnect(*memory.hw, g.size, g.stride, on_node)).first;
   return it->second;
 }
 

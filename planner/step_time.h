@@ -13,6 +13,8 @@
 #pragma once
 
 #include <map>
+#include <memory>
+#include <tuple>
 #include <string>
 #include <utility>
 
@@ -44,9 +46,11 @@ struct PlanContext {
   int64_t num_gpus = 1;
 
   // The network of one process group (planner/parallelism.h GroupPlacement), computed once per
-  // (size, stride) and kept: a search meets the same groups in many layouts.
+  // (size, stride, GPUs used on a node) and kept: a search meets the same groups in many layouts, and
+  // contexts of one GPU type may share the cache (share_group_nets) across shapes and GPU counts.
   const Interconnect& group_net(const GroupPlacement& group) const;
-  mutable std::map<std::pair<int64_t, int64_t>, Interconnect> group_nets;
+  using GroupNets = std::map<std::tuple<int64_t, int64_t, int64_t>, Interconnect>;
+  std::shared_ptr<GroupNets> group_nets = std::make_shared<GroupNets>();
 };
 
 // The pointers inside must outlive the context.
@@ -54,6 +58,10 @@ struct PlanContext {
 // a candidate is evaluated against the context of its own shape.
 PlanContext prepare_plan(const ModelSpec& model, const HardwareSpec& hw, const TrainingSetup& setup,
                          int64_t num_gpus, const ShardShape& shape = {});
+// The same, with a cache of process-group networks shared with other contexts of the same hardware
+// spec (a search's shapes, a sweep's GPU counts).
+PlanContext prepare_plan(const ModelSpec& model, const HardwareSpec& hw, const TrainingSetup& setup, int64_t num_gpus,
+                         const ShardShape& shape, std::shared_ptr<PlanContext::GroupNets> group_nets);
 // The context keeps pointers: temporaries would dangle, so they do not compile.
 PlanContext prepare_plan(ModelSpec&&, const HardwareSpec&, const TrainingSetup&, int64_t, const ShardShape& = {}) = delete;
 PlanContext prepare_plan(const ModelSpec&, HardwareSpec&&, const TrainingSetup&, int64_t, const ShardShape& = {}) = delete;

@@ -21,6 +21,8 @@ std::vector<SweepRow> run_sweep(const ModelSpec& model, const std::vector<Hardwa
     return true;
   };
   for (const HardwareSpec& hw : gpus) {
+    // One cache of process-group networks for every count and shape of this GPU type.
+    const auto nets = std::make_shared<PlanContext::GroupNets>();
     for (int64_t n : counts) {
       TrainingSetup setup = base;
       setup.gpu = hw.id;
@@ -33,17 +35,28 @@ std::vector<SweepRow> run_sweep(const ModelSpec& model, const std::vector<Hardwa
         if (!scaled) continue;
         layout.parallel = *scaled;
         const ShardShape shape = shard_shape(layout.parallel);
-        if (!contexts.count(shape)) contexts.emplace(shape, prepare_plan(model, hw, setup, n, shape));
+        if (!contexts.count(shape)) contexts.emplace(shape, prepare_plan(model, hw, setup, n, shape, nets));
         const PlanContext& ctx = contexts.at(shape);
         std::optional<RankedCandidate> best;
+        Candidate c = layout;  // one copy per layout: its name is long for a composition
+        // The layout's least memory (the smallest micro-batch, full checkpointing and the fused attention
+        // where searched): when that does not fit, nothing of this layout does.
+        c.micro_batch = space.micro_batches.front();
+        c.checkpointing = std::count(space.checkpointing.begin(), space.checkpointing.end(), Checkpointing::full)
+                              ? Checkpointing::full : space.checkpointing.front();
+        c.attention = std::count(space.attention.begin(), space.attention.end(), Attention::fused) ? Attention::fused
+                                                                                                   : space.attention.front();
+        if (evaluated) ++*evaluated;
+        if (!estimate_memory(ctx.memory, c, n, false).fits) continue;
         for (Checkpointing ck : space.checkpointing)
           for (Attention at : space.attention)
             for (int64_t b : space.micro_batches) {
-              Candidate c = layout;
               c.micro_batch = b, c.checkpointing = ck, c.attention = at;
               RankedCandidate r = evaluate_candidate(ctx, c, objective);
               if (evaluated) ++*evaluated;
-              if (!r.memory.fits || !within(r)) continue;
+              // Memory grows with the micro-batch (ascending here): the larger ones cannot fit either.
+              if (!r.memory.fits) break;
+              if (!within(r)) continue;
               if (all_candidates) rows.push_back({hw.id, n, r});
               else if (!best || r.score < best->score) best = r;
             }
@@ -51,8 +64,14 @@ std::vector<SweepRow> run_sweep(const ModelSpec& model, const std::vector<Hardwa
       }
     }
   }
-  sort_by_rank(rows, [](const SweepRow& r) -> const RankedCandidate& { return r.result; });
-  return rows;
+  // Rank indices, then move the rows once (a row is large: sorting the rows themselves moves each many times).
+  std::vector<size_t> order(rows.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  sort_by_rank(order, [&](size_t i) -> const RankedCandidate& { return rows[i].result; });
+  std::vector<SweepRow> sorted;
+  sorted.reserve(rows.size());
+  for (size_t i : order) sorted.push_back(std::move(rows[i]));
+  return sorted;
 }
 
 namespace {
