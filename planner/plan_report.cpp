@@ -129,13 +129,16 @@ std::string plan_report_table(const ModelSpec& model, const HardwareSpec& hw, co
   out << model.name << " (" << format_count(params.total) << " params, " << format_count(params.trainable)
       << " trainable), " << to_string(setup.method) << ", " << setup.num_gpus << "x " << hw.name << ", seq "
       << setup.seq_len << ", grad-accum " << setup.grad_accum << ", objective " << to_string(plan.objective) << "\n\n";
-  out << std::left << std::setw(20) << "strategy" << std::right << std::setw(4) << "mb" << std::setw(6) << "ckpt"
+  // The strategy column fits the longest name (a composition's, e.g. "tp=2,sp=1,cp=2,dp_shard=8,shard=fsdp").
+  int name_w = 20;
+  for (const auto& o : plan.strategies) name_w = std::max<int>(name_w, static_cast<int>(o.name.size()) + 2);
+  out << std::left << std::setw(name_w) << "strategy" << std::right << std::setw(4) << "mb" << std::setw(10) << "ckpt"
       << std::setw(11) << "mem GiB" << std::setw(10) << "step s" << std::setw(11) << "tokens/s" << std::setw(7)
       << "MFU" << std::setw(11) << "comm GB" << std::setw(18) << "job time" << std::setw(11) << "cost $" << "\n";
   for (const auto& o : plan.strategies) {
     const RankedCandidate& c = o.best;
-    out << std::left << std::setw(20) << o.name << std::right << std::setw(4) << c.candidate.micro_batch
-        << std::setw(6) << to_string(c.candidate.checkpointing) << std::setw(11)
+    out << std::left << std::setw(name_w) << o.name << std::right << std::setw(4) << c.candidate.micro_batch
+        << std::setw(10) << to_string(c.candidate.checkpointing) << std::setw(11)
         << format_fixed(c.memory.per_gpu.total / double(1LL << 30), 2);
     if (o.feasible) {
       out << std::setw(10) << format_fixed(c.step.step_time_s, 3) << std::setw(11) << format_fixed(c.step.tokens_per_s, 0)

@@ -56,6 +56,32 @@ PerToken per_million_tokens(const RankedCandidate& c) {
   return {c.step.compute_s * k, c.step.exposed_comm_s * k, pipelined ? c.step.bubble_s * k : 0, c.step.optimizer_s * k};
 }
 
+// The degrees and flags in which two layouts differ, loser's first: "tp 1 vs 2, cp 1 vs 2, dp_shard 32 vs 8".
+std::string degree_differences(const Parallelism& loser, const Parallelism& winner) {
+  std::vector<std::string> parts;
+  auto degree = [&](const char* what, int64_t l, int64_t w) {
+    if (l != w) parts.push_back(std::string(what) + " " + std::to_string(l) + " vs " + std::to_string(w));
+  };
+  auto text = [&](const char* what, const std::string& l, const std::string& w) {
+    if (l != w) parts.push_back(std::string(what) + " " + l + " vs " + w);
+  };
+  degree("tp", loser.tp, winner.tp);
+  text("sp", loser.sequence_parallel ? "on" : "off", winner.sequence_parallel ? "on" : "off");
+  degree("cp", loser.cp, winner.cp);
+  degree("pp", loser.pp, winner.pp);
+  if (loser.pp > 1 && winner.pp > 1) text("schedule", to_string(loser.schedule), to_string(winner.schedule));
+  degree("virtual_stages", loser.virtual_stages, winner.virtual_stages);
+  degree("dp_shard", loser.dp_shard, winner.dp_shard);
+  degree("dp_replicate", loser.dp_replicate, winner.dp_replicate);
+  degree("ep", loser.ep, winner.ep);
+  text("sharding", sharding_name(loser), sharding_name(winner));
+  text("offload", loser.offload_params ? "optimizer+params" : loser.offload_optimizer ? "optimizer" : "none",
+       winner.offload_params ? "optimizer+params" : winner.offload_optimizer ? "optimizer" : "none");
+  std::string out;
+  for (size_t i = 0; i < parts.size(); ++i) out += (i ? ", " : "") + parts[i];
+  return out;
+}
+
 // Why `loser` is slower (or dearer) than `winner`, in one clause naming the largest difference.
 std::string explain_difference(const RankedCandidate& winner, const RankedCandidate& loser, int64_t job_gpus) {
   const PerToken w = per_million_tokens(winner), l = per_million_tokens(loser);
@@ -75,6 +101,9 @@ std::string explain_difference(const RankedCandidate& winner, const RankedCandid
       s << "it uses 1 of the " << job_gpus << " GPUs";
     else if (loser.candidate.checkpointing == Checkpointing::full && winner.candidate.checkpointing == Checkpointing::none)
       s << "full checkpointing recomputes the forward pass";
+    else if (loser.candidate.checkpointing != winner.candidate.checkpointing)
+      s << "more compute per token: checkpointing " << to_string(loser.candidate.checkpointing) << " recomputes more than "
+        << to_string(winner.candidate.checkpointing);
     else
       s << "more compute per token (micro-batch " << loser.candidate.micro_batch << " vs " << winner.candidate.micro_batch << ")";
   } else if (std::string(biggest.second) == "exposed communication") {
@@ -90,6 +119,9 @@ std::string explain_difference(const RankedCandidate& winner, const RankedCandid
       << " s per million tokens";
     if (lp.offload_optimizer) s << " (Adam on the CPU)";
   }
+  // The degrees that made the difference (what the layouts differ in).
+  const std::string degrees = degree_differences(lp, winner.candidate.parallel);
+  if (!degrees.empty()) s << " [" << degrees << "]";
   return s.str();
 }
 
@@ -384,10 +416,18 @@ void explain_plan(PlanResult& result, int64_t N) {
       }
     std::ostringstream why;
     why << describe(win) << " is the " << (objective == Objective::time ? "fastest" : "cheapest") << " plan";
-    if (runner && ties(runner->score, win.score))
+    if (runner && ties(runner->score, win.score)) {
       why << "; it ties with " << describe(*runner) << " (within " << format_fixed(kTieFraction * 100, 1)
           << "%), and the simpler strategy is preferred";
-    else if (runner)
+      // The first layout that does not tie: what the winner's degrees buy.
+      for (const auto& c : result.candidates)
+        if (c.candidate.parallel != win.candidate.parallel && !ties(c.score, win.score) &&
+            c.candidate.parallel != runner->candidate.parallel) {
+          why << "; it beats the next, " << describe(c) << ", by " << ratio(c.score / win.score) << " because "
+              << explain_difference(win, c, N);
+          break;
+        }
+    } else if (runner)
       why << "; it beats " << describe(*runner) << " by " << ratio(runner->score / win.score) << " because "
           << explain_difference(win, *runner, N);
     else

@@ -14,6 +14,7 @@
 #include "planner/memory_model.h"
 #include "planner/model_spec.h"
 #include "planner/parallelism.h"
+#include "planner/plan_search.h"
 #include "planner/step_time.h"
 #include "planner/training_setup.h"
 
@@ -320,4 +321,31 @@ TEST_CASE("Narayanan et al. 2021: the interleaved schedule shrinks the bubble v-
   const auto s1 = ftplan::estimate_step(ctx, ftplan::layout_candidate(plain));
   CHECK_THAT(s1.bubble_s, WithinRel(V * s.bubble_s, 1e-9));
   CHECK_THAT(s1.compute_s, WithinRel(s.compute_s, kExact));
+}
+
+TEST_CASE("the plan's explanation names the degrees that decided", "[parallel][plan]") {
+  // Llama-3.1-70B full fine-tuning at 8,192 tokens on 4 nodes of 8 H100 under torchtitan (which
+  // composes tp, sp, cp and pp with FSDP): nothing unsharded fits; the search considers compositions.
+  const auto model = ftplan::load_model("llama-3.1-70b");
+  const auto hw = ftplan::load_hardware("h100-sxm");
+  auto setup = make_setup("llama-3.1-70b", Method::full, 32, 8192, 16);
+  setup.framework = "torchtitan";
+  setup.gpu = "h100-sxm";
+  const auto plan = ftplan::plan_job(model, hw, setup, ftplan::Objective::time);
+  REQUIRE(plan.recommended.has_value());
+  CHECK(plan.compositions_considered > 0);
+  CAPTURE(plan.reason);
+  // Every slower layout's verdict names, in brackets, the degrees in which it differs from the winner,
+  // e.g. "[tp 1 vs 2, cp 1 vs 2, dp_shard 32 vs 8]".
+  int slower = 0;
+  for (const auto& o : plan.strategies) {
+    if (!o.feasible || o.verdict == "recommended" || o.verdict.rfind("ties with", 0) == 0) continue;
+    CAPTURE(o.name, o.verdict);
+    CHECK_THAT(o.verdict, Contains(" vs ") && Contains("["));
+    if (o.parallel.tp != plan.recommended->candidate.parallel.tp)
+      CHECK_THAT(o.verdict, Contains("tp " + std::to_string(o.parallel.tp) + " vs " +
+                                     std::to_string(plan.recommended->candidate.parallel.tp)));
+    ++slower;
+  }
+  CHECK(slower > 0);
 }
