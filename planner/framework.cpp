@@ -285,7 +285,7 @@ void apply_framework(TrainingSetup& s, const FrameworkProfile& p) {
   std::vector<std::string> problems;
   const std::string fw = "--framework " + p.name;
   // --parallel: dp_shard without shard= shards as the framework does; what it composes it must offer.
-  if (!s.parallel_text.empty()) s.parallel = parse_parallelism(s.parallel_text, "--parallel (parallel)", p.default_sharding);
+  if (!s.parallel_text.empty()) s.parallel = parse_parallelism(s.parallel_text, "--parallel (parallel)", p.default_sharding, p.cp_mode);
   if (s.parallel && s.strategy)
     problems.push_back("--parallel " + s.parallel_text + " and --strategy " + to_string(*s.strategy) +
                        ": give a composition or a preset, not both");

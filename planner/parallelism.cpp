@@ -185,8 +185,10 @@ void set_sharding(Parallelism& p, const std::string& v, const std::string& where
 
 }  // namespace
 
-Parallelism parse_parallelism(const std::string& text, const std::string& field, const std::string& default_sharding) {
+Parallelism parse_parallelism(const std::string& text, const std::string& field, const std::string& default_sharding,
+                              ContextParallel default_cp_mode) {
   Parallelism p;
+  p.cp_mode = default_cp_mode;
   bool sharding_given = false, schedule_given = false;
   std::set<std::string> seen;
   std::stringstream in(text);

@@ -227,6 +227,7 @@ std::vector<Parallelism> composition_layouts(const ModelSpec& model, const Hardw
             for (const std::string& sharding : shardings) {
               Parallelism p;
               p.tp = tp, p.cp = cp, p.pp = pp, p.sequence_parallel = sp && tp > 1;
+              p.cp_mode = fw.cp_mode;  // how the framework exchanges K and V
               p.schedule = pp > 1 ? schedule : PipelineSchedule::one_f_one_b;
               p.virtual_stages = v;
               if (sharding == "none") {
