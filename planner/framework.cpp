@@ -116,8 +116,9 @@ const std::vector<std::pair<std::string, Setter>>& leaves() {
       {"parallelism.sequence_parallel",
        [](P& p, const Json& v, const std::string& n) {
          p.sequence_parallel = text(v, n);
-         if (p.sequence_parallel != "never" && p.sequence_parallel != "optional" && p.sequence_parallel != "always")
-           fail_input(n + ": '" + p.sequence_parallel + "' is not never, optional or always");
+         if (p.sequence_parallel != "never" && p.sequence_parallel != "optional" && p.sequence_parallel != "default" &&
+             p.sequence_parallel != "always")
+           fail_input(n + ": '" + p.sequence_parallel + "' is not never, optional, default (optional, on unless sp=0) or always");
        }},
       {"parallelism.context_parallel", [](P& p, const Json& v, const std::string& n) { p.offers_context_parallel = boolean(v, n); }},
       {"parallelism.cp_mode",
@@ -285,7 +286,8 @@ void apply_framework(TrainingSetup& s, const FrameworkProfile& p) {
   std::vector<std::string> problems;
   const std::string fw = "--framework " + p.name;
   // --parallel: dp_shard without shard= shards as the framework does; what it composes it must offer.
-  if (!s.parallel_text.empty()) s.parallel = parse_parallelism(s.parallel_text, "--parallel (parallel)", p.default_sharding, p.cp_mode);
+  if (!s.parallel_text.empty()) s.parallel = parse_parallelism(s.parallel_text, "--parallel (parallel)", p.default_sharding, p.cp_mode,
+                                                           p.sequence_parallel == "default" || p.sequence_parallel == "always");
   if (s.parallel && s.strategy)
     problems.push_back("--parallel " + s.parallel_text + " and --strategy " + to_string(*s.strategy) +
                        ": give a composition or a preset, not both");

@@ -186,7 +186,7 @@ void set_sharding(Parallelism& p, const std::string& v, const std::string& where
 }  // namespace
 
 Parallelism parse_parallelism(const std::string& text, const std::string& field, const std::string& default_sharding,
-                              ContextParallel default_cp_mode) {
+                              ContextParallel default_cp_mode, bool default_sequence_parallel) {
   Parallelism p;
   p.cp_mode = default_cp_mode;
   bool sharding_given = false, schedule_given = false;
@@ -243,6 +243,7 @@ Parallelism parse_parallelism(const std::string& text, const std::string& field,
   if (p.offload_params && p.sharding != Sharding::none && p.zero_stage < 3 && !sharding_given)
     set_sharding(p, default_sharding == "fsdp" ? "fsdp" : "zero3", field + ": shard");
   if (p.virtual_stages > 1 && !schedule_given) p.schedule = PipelineSchedule::interleaved_1f1b;
+  if (p.tp > 1 && !seen.count("sp")) p.sequence_parallel = default_sequence_parallel;
   return p;
 }
 

@@ -96,12 +96,14 @@ std::string sharding_name(const Parallelism& p);  // "none", "zero1".."zero3", "
 // fsdp_shard_grad_op, tp, sp (sequence parallel, 0|1), cp, cp_mode=ring|all_gather, pp,
 // schedule=naive|gpipe|1f1b|interleaved_1f1b, virtual_stages (alias vpp), ep, offload=none|optimizer|
 // optimizer+params). dp_shard > 1 without shard= shards as `default_sharding` ("fsdp" or "zero3": the
-// framework's); cp without cp_mode= exchanges as `default_cp_mode` (the framework's); virtual_stages > 1
-// implies the interleaved schedule. InputError naming `field` and
+// framework's); cp without cp_mode= exchanges as `default_cp_mode` (the framework's); tp > 1 without
+// sp= runs sequence parallelism when `default_sequence_parallel` (the framework's default); virtual_stages
+// > 1 implies the interleaved schedule. InputError naming `field` and
 // the key on anything else.
 Parallelism parse_parallelism(const std::string& text, const std::string& field,
                               const std::string& default_sharding = "fsdp",
-                              ContextParallel default_cp_mode = ContextParallel::ring);
+                              ContextParallel default_cp_mode = ContextParallel::ring,
+                              bool default_sequence_parallel = false);
 
 // What the model and the job allow; every problem names its operands, e.g.
 // "tp(8) * pp(2) * dp_shard(4) = 64 != gpus(32)". Empty when the layout is valid.

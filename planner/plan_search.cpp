@@ -193,7 +193,7 @@ std::vector<Parallelism> composition_layouts(const ModelSpec& model, const Hardw
   const std::vector<int64_t> cps = fw.offers_context_parallel && attention == Attention::fused ? powers(n) : std::vector<int64_t>{1};
   std::vector<bool> sps{false};
   if (fw.sequence_parallel == "always") sps = {true};
-  if (fw.sequence_parallel == "optional") sps = {true, false};
+  if (fw.sequence_parallel == "optional" || fw.sequence_parallel == "default") sps = {true, false};
   // How each layout's data-parallel degree shards: the framework's sharded data parallelism (or
   // replicas), and hybrid sharding inside a node where the framework shards with FSDP.
   std::vector<std::string> shardings = {"none"};
