@@ -41,8 +41,8 @@ std::string html_table(const std::vector<std::string>& header, const std::vector
 
 // (a) Memory: one stacked bar per layout the plan weighed (its best candidate, or its smallest when
 // none fits), the terms of memory_model.h's MemoryBreakdown in GiB (2^30 bytes) summing to the device
-// figure fits is judged on, against a line at the GPU's usable memory. Bars far above the line are
-// clipped at 3x the usable memory, their totals printed.
+// figure fits is judged on, against a line at the GPU's usable memory. The axis stops at 3x the
+// usable memory rounded up by nice_ceiling: a taller bar is clipped there, its total printed.
 svg::StackedBarChart memory_breakdown_chart(const PlanResult& plan, const HardwareSpec& hw,
                                             const TrainingSetup& setup);
 ReportSection memory_section(const PlanResult& plan, const HardwareSpec& hw, const TrainingSetup& setup);

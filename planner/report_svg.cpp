@@ -6,6 +6,7 @@
 #include <functional>
 #include <map>
 #include <sstream>
+#include <tuple>
 
 namespace ftplan::svg {
 namespace {
@@ -404,15 +405,38 @@ std::string render_scatter(const ScatterChart& c) {
   std::vector<Box> placed;
   std::ostringstream points, highlighted, labels;
   std::vector<std::pair<double, double>> line;
-  for (const auto& p : c.points) {
-    if (!drawable(p)) continue;
+  // Plain points of one group within half a pixel of each other are drawn once (data-count says how
+  // many): a sweep of thousands of plans stays a light file and looks the same.
+  std::map<std::tuple<size_t, long, long>, std::pair<size_t, size_t>> same_spot;  // -> first index, count
+  for (size_t k = 0; k < c.points.size(); ++k) {
+    const ScatterPoint& p = c.points[k];
+    if (!drawable(p) || p.highlighted || p.emphasized) continue;
+    const auto key = std::make_tuple(p.group, std::lround(x_of(p.x) * 2), std::lround(y_of(p.y) * 2));
+    auto it = same_spot.find(key);
+    if (it == same_spot.end()) same_spot.emplace(key, std::make_pair(k, size_t(1)));
+    else ++it->second.second;
+  }
+  std::vector<size_t> count(c.points.size(), 1);
+  std::vector<bool> drawn_elsewhere(c.points.size(), false);
+  for (size_t k = 0; k < c.points.size(); ++k) {
+    const ScatterPoint& p = c.points[k];
+    if (!drawable(p) || p.highlighted || p.emphasized) continue;
+    const auto& spot = same_spot.at(std::make_tuple(p.group, std::lround(x_of(p.x) * 2), std::lround(y_of(p.y) * 2)));
+    if (spot.first == k) count[k] = spot.second;
+    else drawn_elsewhere[k] = true;
+  }
+  for (size_t k = 0; k < c.points.size(); ++k) {
+    const ScatterPoint& p = c.points[k];
+    if (!drawable(p) || drawn_elsewhere[k]) continue;
     const double x = x_of(p.x), y = y_of(p.y);
+    std::string tip = p.tooltip.empty() ? p.label : p.tooltip;
+    if (count[k] > 1) tip += " (and " + std::to_string(count[k] - 1) + " more plans at this point)";
     std::ostringstream circle;
-    circle << "<circle class=\"point" << (p.highlighted ? " highlighted" : "") << "\" cx=\"" << number(x, 3)
-           << "\" cy=\"" << number(y, 3) << "\" r=\"" << (p.highlighted ? "5.5" : "3.5") << "\" fill=\""
-           << escape(color(p)) << "\""
+    circle << "<circle class=\"point" << (p.highlighted ? " highlighted" : "") << "\" data-count=\"" << count[k]
+           << "\" cx=\"" << number(x, 2) << "\" cy=\"" << number(y, 2) << "\" r=\"" << (p.highlighted ? "5.5" : "3.5")
+           << "\" fill=\"" << escape(color(p)) << "\""
            << (p.highlighted ? " stroke=\"#111111\" stroke-width=\"1.5\"" : " fill-opacity=\"0.55\"") << "><title>"
-           << escape(p.tooltip.empty() ? p.label : p.tooltip) << "</title></circle>";
+           << escape(tip) << "</title></circle>";
     if (p.emphasized)
       circle << "<circle class=\"emphasis\" cx=\"" << number(x, 3) << "\" cy=\"" << number(y, 3)
              << "\" r=\"10\" fill=\"none\" stroke=\"#111111\" stroke-width=\"2\"/>";

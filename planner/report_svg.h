@@ -123,7 +123,8 @@ struct ScatterChart {
   Margins margins{80, 24, 48, 64};
 };
 // Points are <circle class="point" ...>, highlighted ones class "point highlighted", joined in x
-// order by <polyline class="highlight-line">.
+// order by <polyline class="highlight-line">. Plain points of one group within half a pixel of each
+// other are one circle whose data-count says how many it stands for.
 std::string render_scatter(const ScatterChart& chart);
 
 // ---- timeline ----------------------------------------------------------------------------------

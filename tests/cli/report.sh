@@ -114,7 +114,8 @@ frontier, best = [], float("inf")
 for t, c in pts:
     if c < best: frontier.append((t, c)); best = c
 problems = []
-if len(points) != len(rows): problems.append("%d points for %d rows" % (len(points), len(rows)))
+drawn = sum(int(c.get("data-count")) for c in points)  # one circle per spot, counting its plans
+if drawn != len(rows): problems.append("%d points for %d rows" % (drawn, len(rows)))
 if len(hi) != len(frontier): problems.append("%d highlighted, frontier has %d: %s" % (len(hi), len(frontier), frontier))
 labels = "".join(root.itertext())
 for needle in ("job time (h)", "job cost (USD)", "frontier"):
@@ -155,10 +156,10 @@ if [ -z "$CHROMIUM" ]; then
   fi
 fi
 
-# Renders $1 (a file) to $2.png (window $3, default 1400,3000), the console log to $2.log and the
-# DOM to $2.dom.
+# Renders $1 (a file) to $2.png (window $3, default 1400,6600: the whole report), the console log
+# to $2.log and the DOM to $2.dom.
 render() {
-  local page=$1 name=$2 size=${3:-1400,3000}
+  local page=$1 name=$2 size=${3:-1400,6600}
   mkdir -p "$TMP/profile-$name"
   HOME=$TMP timeout 120 "$CHROMIUM" --headless=new --no-sandbox --disable-gpu --hide-scrollbars \
     --user-data-dir="$TMP/profile-$name" --no-first-run --disable-extensions --enable-logging=stderr --v=0 \

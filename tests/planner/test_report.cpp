@@ -159,8 +159,9 @@ TEST_CASE("the page: one well-formed, self-contained document with the assumptio
   CHECK(ids == std::vector<std::string>{"plan", "memory", "frontier", "extra", "assumptions"});
   const auto svgs = doc.root.all("svg");
   REQUIRE(svgs.size() == 2);  // memory and frontier (the step is the simulator's section)
-  size_t points = 0;
-  for (const XmlElement* c : svgs[1]->all("circle")) points += c->has_class("point");
+  size_t points = 0;  // a circle stands for data-count plans at the same spot
+  for (const XmlElement* c : svgs[1]->all("circle"))
+    if (c->has_class("point")) points += std::stoul(c->attrs.at("data-count"));
   CHECK(points == rows.size());
   // The assumptions: framework, memory metric, GPU, price and its date; units.
   const std::string text = doc.root.all_text();

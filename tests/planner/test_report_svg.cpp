@@ -253,7 +253,8 @@ TEST_CASE("scatter: points at their values' fraction of linear and log axes; hig
     root = parsed(svg::render_scatter(c));
     points = with_class(root, "circle", "point");
     REQUIRE(points.size() == 4);
-    for (size_t i = 0; i < 4; ++i) CHECK_THAT(points[i]->number("cx"), WithinAbs(50 + 430.0 * double(i) / 3, 1e-3));
+    // Written to 0.01 px.
+    for (size_t i = 0; i < 4; ++i) CHECK_THAT(points[i]->number("cx"), WithinAbs(50 + 430.0 * double(i) / 3, 0.006));
   }
   SECTION("highlighted points: outlined, labelled, joined in x order") {
     c.groups = {{"h100-sxm", "#4e79a7"}};
@@ -329,4 +330,27 @@ TEST_CASE("step lines: decimated to pixel columns, the peak is kept", "[report]"
   size_t pos = 0;
   while ((pos = d.find('V', pos)) != std::string::npos) min_y = std::min(min_y, std::stod(d.substr(++pos)));
   CHECK_THAT(min_y, WithinAbs(260 - 99.0 / 100 * 220, 1e-2));  // the spike's pixel: 42.2
+}
+
+TEST_CASE("scatter: plain points at the same spot of one group are one circle counting them", "[report]") {
+  svg::ScatterChart c;
+  c.width = 500;
+  c.height = 400;
+  c.margins = {50, 20, 30, 50};
+  c.x_axis = svg::Axis{0, 10, false};
+  c.y_axis = svg::Axis{0, 100, false};
+  c.groups = {{"a", "#4e79a7"}, {"b", "#f28e2b"}};
+  // Three of group a within a tenth of a pixel, one of group b there too, one highlighted there, one apart.
+  c.points = {{5, 50, 0, false, false, "", "a1"}, {5.0001, 50, 0, false, false, "", "a2"},
+              {5, 50.001, 0, false, false, "", "a3"}, {5, 50, 1, false, false, "", "b1"},
+              {5, 50, 0, true, false, "front", "h"},  {9, 90, 0, false, false, "", "a4"}};
+  const XmlElement root = parsed(svg::render_scatter(c));
+  const auto circles = with_class(root, "circle", "point");
+  REQUIRE(circles.size() == 4);
+  std::vector<std::string> counts;
+  size_t total = 0;
+  for (const auto* e : circles) counts.push_back(e->attrs.at("data-count")), total += std::stoul(e->attrs.at("data-count"));
+  CHECK(counts == std::vector<std::string>{"3", "1", "1", "1"});  // a1 (a2, a3), b1, a4, then the highlighted one
+  CHECK(total == c.points.size());
+  CHECK_THAT(circles[0]->all_text(), Contains("a1 (and 2 more plans at this point)"));
 }
