@@ -161,11 +161,11 @@ fi
 render() {
   local page=$1 name=$2 size=${3:-1400,6600}
   mkdir -p "$TMP/profile-$name"
-  HOME=$TMP timeout 120 "$CHROMIUM" --headless=new --no-sandbox --disable-gpu --hide-scrollbars \
+  HOME=$TMP timeout 120 "$CHROMIUM" --headless=new --no-sandbox --disable-gpu --disable-dev-shm-usage --hide-scrollbars \
     --user-data-dir="$TMP/profile-$name" --no-first-run --disable-extensions --enable-logging=stderr --v=0 \
     --window-size="$size" --screenshot="$TMP/$name.png" "file://$page" >/dev/null 2>"$TMP/$name.log"
   local rc=$?
-  HOME=$TMP timeout 120 "$CHROMIUM" --headless=new --no-sandbox --disable-gpu --user-data-dir="$TMP/profile-$name" \
+  HOME=$TMP timeout 120 "$CHROMIUM" --headless=new --no-sandbox --disable-gpu --disable-dev-shm-usage --user-data-dir="$TMP/profile-$name" \
     --no-first-run --disable-extensions --dump-dom "file://$page" >"$TMP/$name.dom" 2>/dev/null
   return $rc
 }
