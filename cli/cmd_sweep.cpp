@@ -4,6 +4,7 @@
 #include "cli/commands.h"
 #include "planner/errors.h"
 #include "planner/job_fields.h"
+#include "planner/report.h"
 #include "planner/sweep.h"
 
 namespace ftplan::cli {
@@ -20,23 +21,22 @@ std::vector<std::string> split(const std::string& list) {
 
 }  // namespace
 
-int run_sweep(const SweepOptions& o) {
-  if (o.cheapest && o.fastest) fail_input("--cheapest/--fastest: give one, not both");
-  if (o.format != "table" && o.format != "csv" && o.format != "json" && o.format != "markdown")
-    fail_input("--format: '" + o.format + "' is not one of table, csv, json, markdown");
-  JobOptions job_options = o.job;
-  const LoadedJob job = load_job(job_options);
+std::vector<HardwareSpec> sweep_gpu_types(const std::string& list, const TrainingSetup& setup) {
   std::vector<HardwareSpec> gpus;
-  const std::vector<std::string> ids = o.gpu_types.empty() ? std::vector<std::string>{} : split(o.gpu_types);
+  const std::vector<std::string> ids = list.empty() ? std::vector<std::string>{} : split(list);
   for (const auto& id : ids.empty() ? list_hardware_ids() : ids) {
     HardwareSpec hw = load_hardware(id);
-    TrainingSetup topology = job.setup;  // --gpus-per-node applies to every GPU type swept
+    TrainingSetup topology = setup;  // --gpus-per-node applies to every GPU type swept
     topology.nodes.reset();
     apply_topology(topology, hw);
     if (hw.kind == "gpu") gpus.push_back(hw);
   }
+  return gpus;
+}
+
+std::vector<int64_t> sweep_gpu_counts(const std::string& list) {
   std::vector<int64_t> counts;
-  for (const auto& c : split(o.gpu_counts)) {
+  for (const auto& c : split(list)) {
     int64_t n = 0;
     try {
       n = std::stoll(c);
@@ -47,6 +47,17 @@ int run_sweep(const SweepOptions& o) {
     counts.push_back(n);
   }
   if (counts.empty()) fail_input("--gpu-counts: empty");
+  return counts;
+}
+
+int run_sweep(const SweepOptions& o) {
+  if (o.cheapest && o.fastest) fail_input("--cheapest/--fastest: give one, not both");
+  if (o.format != "table" && o.format != "csv" && o.format != "json" && o.format != "markdown" && o.format != "svg")
+    fail_input("--format: '" + o.format + "' is not one of table, csv, json, markdown, svg");
+  JobOptions job_options = o.job;
+  const LoadedJob job = load_job(job_options);
+  const std::vector<HardwareSpec> gpus = sweep_gpu_types(o.gpu_types, job.setup);
+  const std::vector<int64_t> counts = sweep_gpu_counts(o.gpu_counts);
   const SweepLimits limits{o.limits.get_number("--max-hours"), o.limits.get_number("--max-cost")};
   if ((limits.max_hours || limits.max_cost) && job_tokens(job.setup) == 0)
     fail_input("--max-hours/--max-cost: the job has no dataset (give --dataset-rows or --dataset-tokens)");
@@ -60,6 +71,7 @@ int run_sweep(const SweepOptions& o) {
   if (o.cheapest || o.fastest) rows.resize(std::min<size_t>(rows.size(), 1));
   if (o.format == "csv") std::cout << sweep_csv(rows);
   else if (o.format == "markdown") std::cout << sweep_markdown(rows);
+  else if (o.format == "svg") std::cout << frontier_svg(rows);
   else if (o.format == "json" || o.job.json) std::cout << sweep_json(rows).dump(2) << "\n";
   else std::cout << sweep_table(rows);
   return (o.cheapest || o.fastest) && rows.empty() ? 1 : 0;

@@ -31,7 +31,7 @@ void add_commands(CLI::App& app, Commands& c) {
   sweep->add_option("--objective", c.sweep.objective, "time | cost");
   sweep->add_option("--gpu-types", c.sweep.gpu_types, "Comma list of hwdb ids (default: every GPU)");
   sweep->add_option("--gpu-counts", c.sweep.gpu_counts, "Comma list of GPU counts (default 1,2,4,8)");
-  sweep->add_option("--format", c.sweep.format, "table | csv | json | markdown");
+  sweep->add_option("--format", c.sweep.format, "table | csv | json | markdown | svg (the time-cost frontier)");
   sweep->add_flag("--all", c.sweep.all, "Every feasible candidate, not only each strategy's best");
   sweep->add_flag("--cheapest", c.sweep.cheapest, "Print only the cheapest plan within the limits");
   sweep->add_flag("--fastest", c.sweep.fastest, "Print only the fastest plan within the limits");
@@ -40,6 +40,16 @@ void add_commands(CLI::App& app, Commands& c) {
   auto* simulate = app.add_subcommand("simulate", "Play one training step as a graph of compute and communication");
   add_job_options(*simulate, c.simulate.job);
   simulate->add_option("--trace", c.simulate.trace, "Write a Chrome trace (Perfetto, chrome://tracing)");
+
+  auto* report = app.add_subcommand("report", "One HTML page to look at: memory of every strategy, time vs cost "
+                                              "across GPU types and counts, the simulated step");
+  add_job_options(*report, c.report.job);
+  report->add_option("-o,--output", c.report.output, "The HTML file to write (self-contained: inline SVG, no script)")
+      ->required();
+  report->add_option("--objective", c.report.objective, "time | cost")->capture_default_str();
+  report->add_option("--gpu-types", c.report.gpu_types, "The frontier's GPU types: comma list of hwdb ids (default: every GPU)");
+  report->add_option("--gpu-counts", c.report.gpu_counts, "The frontier's GPU counts; the job's own count is added")
+      ->capture_default_str();
 
   auto* compare = app.add_subcommand("compare", "Predicted vs measured: plan.json beside the runs' logs");
   compare->add_option("plan", c.compare.plan, "Plan file from ftplan plan -o, or a job file (planned here)")->required();
@@ -70,6 +80,7 @@ int run_selected(CLI::App& app, const Commands& c) {
   if (app.got_subcommand("check")) return run_check(c.check);
   if (app.got_subcommand("sweep")) return run_sweep(c.sweep);
   if (app.got_subcommand("simulate")) return run_simulate(c.simulate);
+  if (app.got_subcommand("report")) return run_report(c.report);
   if (app.got_subcommand("compare")) return run_compare(c.compare);
   if (app.got_subcommand("validate")) return run_validate(c.validate);
   if (app.got_subcommand("gpus")) return run_gpus(c.gpus);

@@ -35,10 +35,18 @@ struct SweepOptions {
   std::string objective = "time";
   std::string gpu_types;   // comma list of hwdb ids; default all GPUs
   std::string gpu_counts = "1,2,4,8";
-  std::string format = "table";  // table | csv | json | markdown
+  std::string format = "table";  // table | csv | json | markdown | svg (the time-cost frontier)
   bool all = false;        // every candidate, not just each strategy's best
   bool cheapest = false, fastest = false;
   FieldFlags limits;  // --max-hours, --max-cost
+};
+
+struct ReportOptions {
+  JobOptions job;
+  std::string objective = "time";
+  std::string output;                  // -o report.html (required)
+  std::string gpu_types;               // the frontier's sweep: comma list of hwdb ids; default every GPU
+  std::string gpu_counts = "1,2,4,8";  // and GPU counts (the job's own count is added)
 };
 
 struct SimulateOptions {
@@ -72,6 +80,7 @@ struct Commands {
   CheckOptions check;
   SweepOptions sweep;
   SimulateOptions simulate;
+  ReportOptions report;
   CompareOptions compare;
   ValidateOptions validate;
   GpusOptions gpus;
@@ -85,9 +94,16 @@ int run_plan(const PlanOptions& options);
 int run_check(const CheckOptions& options);
 int run_sweep(const SweepOptions& options);
 int run_simulate(const SimulateOptions& options);
+int run_report(const ReportOptions& options);
 int run_compare(const CompareOptions& options);
 int run_validate(const ValidateOptions& options);
 int run_gpus(const GpusOptions& options);
+
+// --gpu-types and --gpu-counts of ftplan sweep and ftplan report, read and checked (InputError
+// naming the flag): the GPU types (default every GPU of hwdb/), each checked against the job's
+// topology flags, and the counts, each in [1, 65536].
+std::vector<HardwareSpec> sweep_gpu_types(const std::string& list, const TrainingSetup& setup);
+std::vector<int64_t> sweep_gpu_counts(const std::string& list);
 
 // ftplan plan --simulate: re-rank the finalists by their simulated step time.
 void rerank_with_simulator(const LoadedJob& job, PlanResult& plan);

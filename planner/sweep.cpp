@@ -74,6 +74,34 @@ std::vector<SweepRow> run_sweep(const ModelSpec& model, const std::vector<Hardwa
   return sorted;
 }
 
+bool sweep_has_job(const std::vector<SweepRow>& rows) {
+  return !rows.empty() &&
+         std::all_of(rows.begin(), rows.end(), [](const SweepRow& r) { return r.result.has_job; });
+}
+
+SweepPoint sweep_point(const SweepRow& row, bool job) {
+  const RankedCandidate& c = row.result;
+  if (job) return {c.job_time_s, c.cost_usd};
+  return {c.step.tokens_per_s > 0 ? 1e6 / c.step.tokens_per_s : 0.0, c.cost_usd_per_million_tokens};
+}
+
+std::vector<size_t> sweep_frontier(const std::vector<SweepRow>& rows) {
+  const bool job = sweep_has_job(rows);
+  std::vector<SweepPoint> points;
+  for (const auto& r : rows) points.push_back(sweep_point(r, job));
+  std::vector<size_t> order(rows.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return points[a].time_s != points[b].time_s ? points[a].time_s < points[b].time_s
+                                                : points[a].cost_usd < points[b].cost_usd;
+  });
+  // Fastest first: a row is on the frontier when it is cheaper than every faster (or as fast) row.
+  std::vector<size_t> frontier;
+  for (size_t i : order)
+    if (frontier.empty() || points[i].cost_usd < points[frontier.back()].cost_usd) frontier.push_back(i);
+  return frontier;
+}
+
 namespace {
 
 struct Cells {

@@ -1,6 +1,6 @@
 // A scheduled step as a Chrome trace event file (opens in Perfetto and chrome://tracing):
 // pid = rank, tid = stream; one "X" event per op (ts/dur in µs), "M" events naming each process
-// ("rank 3") and thread ("compute", "comm", "host_copy", "cpu"), and a "C" counter track
+// ("rank 3") and thread ("compute", "comm", "host_copy", "cpu", "mp_comm"), and a "C" counter track
 // "memory" per rank (GiB = 2^30 bytes) sampled whenever the memory changes.
 // Format: https://docs.google.com/document/d/1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU
 #pragma once

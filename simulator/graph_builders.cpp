@@ -47,8 +47,8 @@ struct Builder {
 
   // A communication op the rank's next compute op must wait for (on the critical path).
   OpId add_blocking(OpKind kind, int rank, double duration_s, int layer, int micro_batch, int64_t bytes,
-                    std::string label, OpId after) {
-    const OpId id = add(kind, rank, Stream::comm, duration_s, layer, micro_batch, bytes, std::move(label));
+                    std::string label, OpId after, Stream stream = Stream::comm) {
+    const OpId id = add(kind, rank, stream, duration_s, layer, micro_batch, bytes, std::move(label));
     graph_add_edge(g, after, id);
     pending[rank].push_back(id);
     return id;
@@ -111,11 +111,12 @@ Span emit_exchanging(Builder& b, OpKind kind, int rank, double duration_s, doubl
   const LayerCost& l = b.in.layers[layer];
   Span sp;
   if (cp_s > 0 && !ring)
-    b.add_blocking(OpKind::all_gather, rank, cp_s, layer, micro_batch, 0, "cp all-gather K/V " + label, b.last_compute[rank]);
+    b.add_blocking(OpKind::all_gather, rank, cp_s, layer, micro_batch, 0, "cp all-gather K/V " + label, b.last_compute[rank],
+                   Stream::mp_comm);
   if (cp_s > 0 && ring) {
     const OpId before = b.last_compute[rank];
     sp.first = b.add(kind, rank, Stream::compute, attention_s, layer, micro_batch, 0, label + " (attention)");
-    const OpId exchange = b.add(OpKind::send, rank, Stream::comm, cp_s, layer, micro_batch, 0, "cp ring K/V " + label);
+    const OpId exchange = b.add(OpKind::send, rank, Stream::mp_comm, cp_s, layer, micro_batch, 0, "cp ring K/V " + label);
     graph_add_edge(b.g, before, exchange);
     b.pending[rank].push_back(exchange);
     sp.last = b.add(kind, rank, Stream::compute, duration_s - attention_s, layer, micro_batch, 0, label);
@@ -126,7 +127,7 @@ Span emit_exchanging(Builder& b, OpKind kind, int rank, double duration_s, doubl
   if (tp_s > 0)
     sp.done = b.add_blocking(b.in.parallel.sequence_parallel ? OpKind::reduce_scatter : OpKind::all_reduce, rank, tp_s,
                              layer, micro_batch, l.tp_comm_bytes, "tp " + std::string(b.in.parallel.sequence_parallel ? "reduce-scatter+all-gather " : "all-reduce ") + label,
-                             sp.last);
+                             sp.last, Stream::mp_comm);
   return sp;
 }
 

@@ -30,11 +30,13 @@ enum class OpKind {
 };
 constexpr int kOpKindCount = 11;
 
-enum class Stream { compute, comm, host_copy, cpu };
-constexpr int kStreamCount = 4;
+// comm: data-parallel and pipeline communication; mp_comm: the tensor- and context-parallel
+// collectives, which run on their own process groups' NCCL streams beside the data-parallel ones.
+enum class Stream { compute, comm, host_copy, cpu, mp_comm };
+constexpr int kStreamCount = 5;
 
 const char* op_kind_name(OpKind kind);  // "forward", "all_reduce", ...
-const char* stream_name(Stream stream);  // "compute", "comm", "host_copy", "cpu"
+const char* stream_name(Stream stream);  // "compute", "comm", "host_copy", "cpu", "mp_comm"
 bool op_kind_is_communication(OpKind kind);  // all_reduce, reduce_scatter, all_gather, send
 
 struct Op {

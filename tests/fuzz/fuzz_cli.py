@@ -144,10 +144,12 @@ class Fuzzer:
         r = rng.random()
         if r < 0.35:   # a mutated job file, maybe with flags
             job = self.file("job.json", mutate_json(rng, open(rng.choice(self.jobs)).read()))
-            cmd = rng.choice(["memory", "plan", "check", "sweep", "simulate"])
+            cmd = rng.choice(["memory", "plan", "check", "sweep", "simulate", "report"])
             args = [self.ftplan, cmd, job] + random_flags(rng, PLAN_FLAGS, rng.randrange(0, 3))
-            if cmd == "sweep":
+            if cmd in ("sweep", "report"):
                 args += ["--gpu-types", "a100-80gb-sxm,rtx-3090", "--gpu-counts", rng.choice(["1,2", "4", "8,0", "x"])]
+            if cmd == "report":
+                args += ["-o", self.file("report.html", "")]
             return cmd + " job-file", args
         if r < 0.55:   # a mutated model config
             model = self.file("config.json", mutate_json(rng, open(rng.choice(self.models)).read()))
