@@ -7,6 +7,8 @@
 //   saved_activation_bytes until backward_weight ends. The logits live from the head's forward
 //   start to its backward_input end.
 // - With overlap off every op on a rank waits for the previous one created (the closed-form sum).
+// - Tensor- and context-parallel collectives run on the rank's mp_comm stream (their own process
+//   groups' NCCL streams), beside the data-parallel and pipeline communication on comm.
 #pragma once
 
 #include <cstdint>
