@@ -86,13 +86,28 @@ struct ForwardOps {
   std::size_t logits = kNone;  // the head only
 };
 
+// Expert parallelism: a MoE block's all-to-alls of one pass (`count` of them: dispatch and combine, or
+// their gradients, and again for a recompute) as one op on the comm stream, issued when the previous
+// compute op ends; unless the framework overlaps them, `next` (the block's compute) waits for it.
+OpId emit_all_to_all(Builder& b, int rank, int layer, int micro_batch, int count, const std::string& what) {
+  const LayerCost& l = b.in.layers[layer];
+  if (l.all_to_all_bytes <= 0) return kNoOp;
+  const OpId op = b.add(OpKind::all_to_all, rank, Stream::comm, count * b.in.all_to_all_s(l.all_to_all_bytes), layer,
+                        micro_batch, count * l.all_to_all_bytes, "all-to-all x" + std::to_string(count) + " " + what +
+                        " " + b.unit_name(layer) + mb_suffix(micro_batch));
+  graph_add_edge(b.g, b.last_compute[rank], op);
+  return b.in.all_to_all_overlap ? kNoOp : op;
+}
+
 ForwardOps emit_forward(Builder& b, int rank, int layer, int micro_batch) {
   const LayerCost& l = b.in.layers[layer];
   const std::string name = b.unit_name(layer);
   const std::string mb = mb_suffix(micro_batch);
   ForwardOps f;
+  const OpId a2a = emit_all_to_all(b, rank, layer, micro_batch, 2, "fwd");
   f.op = b.add(OpKind::forward, rank, Stream::compute, l.forward_s, layer, micro_batch, 0,
                "fwd " + name + mb);
+  graph_add_edge(b.g, a2a, f.op);
   if (is_checkpointed(b.in, layer))
     f.saved = b.alloc("checkpoint " + name + mb, rank, l.checkpoint_bytes, f.op);
   else
@@ -114,6 +129,7 @@ BackwardOps emit_backward(Builder& b, int rank, int layer, int micro_batch, cons
   const std::string mb = mb_suffix(micro_batch);
   BackwardOps ops;
   std::size_t recomputed = kNone;
+  const OpId a2a = emit_all_to_all(b, rank, layer, micro_batch, is_checkpointed(b.in, layer) ? 4 : 2, "bwd");
   if (is_checkpointed(b.in, layer)) {
     ops.first = b.add(OpKind::recompute, rank, Stream::compute, l.forward_s, layer, micro_batch, 0,
                       "recompute " + name + mb);
@@ -121,6 +137,7 @@ BackwardOps emit_backward(Builder& b, int rank, int layer, int micro_batch, cons
   }
   ops.input = b.add(OpKind::backward_input, rank, Stream::compute, l.backward_input_s, layer,
                     micro_batch, 0, "bwd-in " + name + mb);
+  graph_add_edge(b.g, a2a, ops.first == kNoOp ? ops.input : ops.first);
   ops.weight = b.add(OpKind::backward_weight, rank, Stream::compute, l.backward_weight_s, layer,
                      micro_batch, 0, "bwd-w " + name + mb);
   if (ops.first == kNoOp) ops.first = ops.input;

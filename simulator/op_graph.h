@@ -27,15 +27,16 @@ enum class OpKind {
   copy_to_host,     // offload: gradient shard down
   copy_to_device,   // offload: updated parameter shard up
   optimizer_step,   // on the GPU, or on the host CPU under offload
+  all_to_all,       // expert parallelism: a MoE block's token dispatch and combine (forward, or their gradients)
 };
-constexpr int kOpKindCount = 11;
+constexpr int kOpKindCount = 12;
 
 enum class Stream { compute, comm, host_copy, cpu };
 constexpr int kStreamCount = 4;
 
 const char* op_kind_name(OpKind kind);  // "forward", "all_reduce", ...
 const char* stream_name(Stream stream);  // "compute", "comm", "host_copy", "cpu"
-bool op_kind_is_communication(OpKind kind);  // all_reduce, reduce_scatter, all_gather, send
+bool op_kind_is_communication(OpKind kind);  // all_reduce, reduce_scatter, all_gather, send, all_to_all
 
 struct Op {
   OpKind kind = OpKind::forward;

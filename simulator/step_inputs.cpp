@@ -76,7 +76,8 @@ void validate_step_inputs(const StepInputs& in) {
     const std::string where = "layers[" + std::to_string(i) + "]";
     if (bad_number(l.forward_s) || bad_number(l.backward_input_s) || bad_number(l.backward_weight_s))
       add(where + ": durations must be finite and >= 0");
-    if (l.param_bytes < 0 || l.grad_bytes < 0 || l.saved_activation_bytes < 0 || l.checkpoint_bytes < 0)
+    if (l.param_bytes < 0 || l.grad_bytes < 0 || l.saved_activation_bytes < 0 || l.checkpoint_bytes < 0 ||
+        l.all_to_all_bytes < 0)
       add(where + ": byte counts must be >= 0");
   }
 
@@ -91,6 +92,10 @@ void validate_step_inputs(const StepInputs& in) {
   need(sharded && par.dp_replicate > 1, in.replica_all_reduce_s, "replica_all_reduce_s");
   need(is_pipeline(par) && in.num_gpus > 1, in.p2p_s, "p2p_s");
   need(par.offload_optimizer, in.host_copy_s, "host_copy_s");
+  bool a2a = false;
+  for (const LayerCost& l : in.layers) a2a = a2a || l.all_to_all_bytes > 0;
+  need(a2a, in.all_to_all_s, "all_to_all_s");
+  if (a2a && is_pipeline(par)) add("all-to-all (expert parallelism) inside pipeline stages is not simulated");
 
   if (problems.empty()) return;
   std::ostringstream message;

@@ -29,6 +29,8 @@ struct LayerCost {
   bool checkpointable = true;        // false for the embedding and the head (never recomputed)
   int64_t updated_param_bytes = -1;  // trainable weights gathered after a ZeRO-1/2 optimizer step
                                      // (they differ from grad_bytes under fp32 gradients); -1: grad_bytes
+  int64_t all_to_all_bytes = 0;      // expert parallelism, a MoE block: the buffer of one all-to-all (the
+                                     // busiest rank's dispatched rows x hidden), e.g. 33554432; 0: none
 };
 
 struct StepInputs {
@@ -59,6 +61,9 @@ struct StepInputs {
                                                               // shard of a `bytes` gradient
   std::function<double(int64_t bytes)> p2p_s;                 // pipeline, mp
   std::function<double(int64_t bytes)> host_copy_s;           // *_offload
+  std::function<double(int64_t bytes)> all_to_all_s;          // expert parallelism, over the ep group
+  bool all_to_all_overlap = false;   // the framework runs the dispatch and combine beside the experts' compute
+                                     // (configs/frameworks expert_parallel_overlap); false: the block waits
 
   int64_t bucket_bytes = INT64_C(25) << 20;       // DDP bucket_cap_mb = 25
   int64_t first_bucket_bytes = INT64_C(1) << 20;  // DDP's first bucket (dist._DEFAULT_FIRST_BUCKET_BYTES)

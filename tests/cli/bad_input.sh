@@ -105,6 +105,23 @@ expect_bad "max tokens below the mean" "--max-tokens-per-row" \
 expect_bad "an FSDP version the framework does not run" "--fsdp-version" memory --model llama-3.2-1b --framework ftexec --fsdp-version 2
 expect_bad "check: bad host-memory fraction" "--max-host-memory-fraction" check --model llama-3.2-1b --max-host-memory-fraction 1.5
 
+# Mixtures of experts (issue 14): an expert count that ep does not divide (one line naming both), expert
+# parallelism under a framework without it, an MoE key the family does not read, experts on a dense family.
+expect_bad "ep not dividing the experts" "ep(3) does not divide num_experts(8)" \
+  plan --model mixtral-8x7b --gpu h100-sxm --gpus 24 --framework torchtitan --parallel dp_shard=24,ep=3
+expect_bad "ep under a framework without it" "--parallel ep=8" \
+  plan --model mixtral-8x7b --gpu h100-sxm --gpus 8 --parallel dp_shard=8,ep=8
+expect_bad "ep on a dense model" "has no experts" \
+  plan --model llama-3-8b --gpu h100-sxm --gpus 8 --framework torchtitan --parallel dp_shard=8,ep=8
+python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); d["n_shared_experts"] = 2; json.dump(d, open(sys.argv[2], "w"))' \
+  "$FTPLAN_DATA_DIR/configs/models/mixtral-8x7b.json" "$TMP/mixtral-shared.json"
+expect_bad "an MoE key the family does not read" "n_shared_experts" memory --model "$TMP/mixtral-shared.json"
+python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); d["num_local_experts"] = 8; json.dump(d, open(sys.argv[2], "w"))' \
+  "$MODEL_JSON" "$TMP/llama-experts.json"
+expect_bad "experts on a dense family" "num_local_experts" memory --model "$TMP/llama-experts.json"
+expect_bad "an imbalance beyond num_experts / top_k" "moe.imbalance_factor" \
+  memory --model mixtral-8x7b --gpu h100-sxm --moe-imbalance-factor 5
+
 if [ "$failures" -ne 0 ]; then
   echo "bad_input.sh: $failures check(s) failed"
   exit 1
