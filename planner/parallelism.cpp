@@ -308,18 +308,16 @@ std::vector<std::string> parallelism_problems(const Parallelism& p, const ModelS
                   ": DeepSpeed's pipeline engine runs ZeRO stage 0 or 1 only (deepspeed/runtime/pipe/engine.py: "
                   "\"ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism\"); use shard=fsdp");
   if (p.pp > 1 && (p.offload_optimizer || p.offload_params)) out.push_back("offload with pp > 1 is not modelled");
-  // Expert parallelism borrows its ranks from the data-parallel ones (torchtitan/distributed/parallel_dims.py:
-  // ep from dp_shard x cp; replicas without sharding): each ep group splits every MoE block's experts.
+  // Expert parallelism borrows its ranks from the sharded data-parallel ones (torchtitan/distributed/parallel_dims.py:
+  // ep % cp == 0 and dp_shard * cp % ep == 0): each ep group splits every MoE block's experts.
   if (p.ep > 1) {
     if (!model.moe.active()) {
       out.push_back("ep(" + s(p.ep) + "): " + model.name + " has no experts (expert parallelism needs a mixture-of-experts model)");
     } else {
       if (model.moe.num_experts % p.ep != 0)
         out.push_back("ep(" + s(p.ep) + ") does not divide num_experts(" + s(model.moe.num_experts) + ") of " + model.name);
-      const bool sharded = p.sharding != Sharding::none;
-      const int64_t pool = (sharded ? p.dp_shard : p.dp_replicate) * p.cp;
-      const std::string pool_text = sharded ? "dp_shard(" + s(p.dp_shard) + ") * cp(" + s(p.cp) + ")"
-                                            : "dp_replicate(" + s(p.dp_replicate) + ") * cp(" + s(p.cp) + ")";
+      const int64_t pool = p.dp_shard * p.cp;
+      const std::string pool_text = "dp_shard(" + s(p.dp_shard) + ") * cp(" + s(p.cp) + ")";
       if (pool % p.ep != 0 || p.ep % p.cp != 0)
         out.push_back("ep(" + s(p.ep) + ") must divide " + pool_text + " = " + s(pool) + " and be a multiple of cp(" + s(p.cp) +
                       "): expert parallelism borrows its ranks from the data-parallel ones (torchtitan/distributed/parallel_dims.py)");

@@ -13,9 +13,8 @@
 //   dp_replicate  replicas: DDP, or HSDP's replica groups (gradients all-reduced across them)
 //   pp            pipeline stages, `virtual_stages` model chunks each (interleaved 1F1B), over the job's
 //                 grad_accum micro-batches
-//   ep            expert parallel (mixture-of-experts models): ep ranks borrowed from the data-parallel ones
-//                 (dp_shard x cp, as torchtitan's dp2ep; dp_replicate x cp without sharding) split every MoE
-//                 block's experts, num_experts / ep whole experts each, the tokens dispatched to them and
+//   ep            expert parallel (mixture-of-experts models): ep ranks borrowed from the sharded
+//                 data-parallel ones (dp_shard x cp, as torchtitan's dp2ep) split every MoE block's experts, num_experts / ep whole experts each, the tokens dispatched to them and
 //                 combined back by all-to-all in forward and backward; what the layout shards it shards the
 //                 experts over the rest (dp_shard x cp / ep)
 // plus offload of optimizer states (ZeRO-Offload) and of parameters (ZeRO-Infinity's param offload).
@@ -128,6 +127,6 @@ GroupPlacement shard_group(const Parallelism& p);      // dp_shard x cp (contigu
 GroupPlacement replicate_group(const Parallelism& p);  // dp_replicate
 GroupPlacement grad_group(const Parallelism& p);       // dp_replicate x dp_shard x cp
 GroupPlacement pp_group(const Parallelism& p);
-GroupPlacement ep_group(const Parallelism& p);         // ep ranks of the data-parallel dimensions (contiguous: stride tp)
+GroupPlacement ep_group(const Parallelism& p);         // ep ranks of dp_shard x cp (contiguous: stride tp)
 
 }  // namespace ftplan

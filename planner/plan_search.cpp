@@ -216,7 +216,7 @@ std::vector<Parallelism> composition_layouts(const ModelSpec& model, const Hardw
               }
               // Expert parallelism for a mixture of experts: ep (powers of two) from the data-parallel ranks.
               if (ep_ok && tp == 1 && pp == 1) {
-                const int64_t pool = (p.sharding == Sharding::none ? p.dp_replicate : p.dp_shard) * cp;
+                const int64_t pool = p.dp_shard * cp;
                 for (int64_t ep = 2; ep <= pool; ep *= 2) {
                   Parallelism q = p;
                   q.ep = ep;

@@ -264,15 +264,15 @@ TEST_CASE("expert weights: split over the expert group under EP, whole on every 
     CHECK_THAT(double(with.per_gpu.gradients), WithinRel(double(without.per_gpu.gradients), 1e-9));
     CHECK_THAT(double(with.per_gpu.optimizer), WithinRel(double(without.per_gpu.optimizer), 1e-9));
   }
-  SECTION("DDP LoRA: the frozen experts replicated, or / ep") {
+  SECTION("ZeRO-1 LoRA: the frozen experts replicated, or / ep") {
     auto s = job("mixtral-8x7b", Method::lora, 8);
     s.lora.targets = {"q_proj", "v_proj"};
-    const int64_t lora = 32 * 8 * ((4096 + 4096) + (4096 + 1024));  // r=16 default: q and v adapters
-    const auto without = ftplan::estimate_memory(m, hw, s, layout("dp_replicate=8"));
-    const auto with = ftplan::estimate_memory(m, hw, s, layout("dp_replicate=8,ep=8"));
+    const int64_t lora = 32 * 16 * ((4096 + 4096) + (4096 + 1024));  // r=16 (the default): q and v adapters
+    const auto without = ftplan::estimate_memory(m, hw, s, layout("dp_shard=8,shard=zero1"));
+    const auto with = ftplan::estimate_memory(m, hw, s, layout("dp_shard=8,shard=zero1,ep=8"));
     CHECK(s.lora.rank == 16);
-    CHECK(without.per_gpu.weights == 2 * p.total + 2 * 2 * lora);  // frozen bf16 + adapters (2 B each, mixed)
-    CHECK(with.per_gpu.weights == 2 * rest + 2 * experts / 8 + 2 * 2 * lora);
+    CHECK(without.per_gpu.weights == 2 * p.total + 2 * lora);  // frozen bf16 + adapters (2 B each, mixed)
+    CHECK(with.per_gpu.weights == 2 * rest + 2 * experts / 8 + 2 * lora);
   }
   SECTION("FSDP LoRA: the same shard, but a gathered block holds the rank's own experts only") {
     auto s = job("mixtral-8x7b", Method::lora, 8);
@@ -380,14 +380,15 @@ TEST_CASE("expert parallelism: the all-to-all's bytes and time", "[moe][step]") 
   // all-to-all over N ranks: each sends (N - 1)/N of its buffer, α paid N - 1 times.
   CHECK(ftplan::wire_bytes(ftplan::Collective::all_to_all, 8e6, 8) == 7e6);
   CHECK_THAT(ftplan::collective_time_s(ftplan::Collective::all_to_all, 8e6, 8, 100e9, 1e-6), WithinRel(7e-6 + 7e6 / 100e9, 1e-12));
-  // Qwen3-30B-A3B LoRA on attention under DDP: with ep=8 the only new traffic is the all-to-all, four per MoE
+  // Qwen3-30B-A3B LoRA on attention under ZeRO-2: with ep=8 the only new traffic is the all-to-all, four per MoE
   // block per micro-batch (dispatch and combine, forward and backward), each of 4096 tokens x 8 experts x
-  // 2048 x 2 bytes; the LoRA gradients all-reduced are the same.
+  // 2048 x 2 bytes; the adapters' gradients and updates exchanged are the same.
   const auto m = spec("qwen3-30b-a3b");
   const auto hw = ftplan::load_hardware("h100-sxm");
   auto s = job("qwen3-30b-a3b", Method::lora, 8);
   s.lora.targets = {"q_proj", "v_proj"};
-  const auto base = layout("dp_replicate=8", 1, Checkpointing::none), ep = layout("dp_replicate=8,ep=8", 1, Checkpointing::none);
+  const auto base = layout("dp_shard=8,shard=zero2", 1, Checkpointing::none),
+             ep = layout("dp_shard=8,shard=zero2,ep=8", 1, Checkpointing::none);
   const auto ctx1 = ftplan::prepare_plan(m, hw, s, 8, ftplan::shard_shape(base.parallel));
   const auto ctx8 = ftplan::prepare_plan(m, hw, s, 8, ftplan::shard_shape(ep.parallel));
   const auto without = ftplan::estimate_step(ctx1, base), with = ftplan::estimate_step(ctx8, ep);
@@ -424,6 +425,14 @@ TEST_CASE("MoE bad input: refused by name", "[moe][bad-input]") {
                                                        m, s, 24, Attention::fused);
     REQUIRE(problems.size() == 1);
     CHECK_THAT(problems[0], Contains("ep(3)") && Contains("num_experts(8)"));
+  }
+  SECTION("ep borrows from dp_shard x cp, not from replicas (torchtitan)") {
+    const auto m = spec("mixtral-8x7b");
+    auto s = job("mixtral-8x7b", Method::full, 8);
+    const auto problems = ftplan::parallelism_problems(ftplan::parse_parallelism("dp_replicate=8,ep=8", "--parallel", "fsdp"),
+                                                       m, s, 8, Attention::fused);
+    REQUIRE(problems.size() == 1);
+    CHECK_THAT(problems[0], Contains("ep(8) must divide dp_shard(1) * cp(1)"));
   }
   SECTION("ep on a dense model; tensor parallelism of experts") {
     const auto dense = ftplan::load_model("llama-3-8b");

@@ -44,7 +44,7 @@ MoeJob moe_job(const std::string& model, Method method) {
 
 TEST_CASE("closed form equals the simulation with overlap off, under expert parallelism", "[sim][moe]") {
   const std::string model = GENERATE(as<std::string>{}, "qwen3-30b-a3b", "deepseek-v2-lite");
-  const std::string text = GENERATE(as<std::string>{}, "dp_shard=8,ep=8", "dp_shard=8,shard=zero2,ep=4", "dp_replicate=8,ep=8");
+  const std::string text = GENERATE(as<std::string>{}, "dp_shard=8,ep=8", "dp_shard=8,shard=zero2,ep=4", "dp_shard=8,shard=zero1,ep=8");
   const Checkpointing ckpt = GENERATE(Checkpointing::none, Checkpointing::full);
   CAPTURE(model, text, to_string(ckpt));
   const MoeJob j = moe_job(model, Method::lora);
