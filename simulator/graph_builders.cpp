@@ -87,12 +87,13 @@ struct ForwardOps {
 };
 
 // Expert parallelism: a MoE block's all-to-alls of one pass (`count` of them: dispatch and combine, or
-// their gradients, and again for a recompute) as one op on the comm stream, issued when the previous
-// compute op ends; unless the framework overlaps them, `next` (the block's compute) waits for it.
+// their gradients, and again for a recompute) as one op on the expert_comm stream (the ep group's own
+// communicator), issued when the previous compute op ends; unless the framework overlaps them, the
+// block's compute waits for it.
 OpId emit_all_to_all(Builder& b, int rank, int layer, int micro_batch, int count, const std::string& what) {
   const LayerCost& l = b.in.layers[layer];
   if (l.all_to_all_bytes <= 0) return kNoOp;
-  const OpId op = b.add(OpKind::all_to_all, rank, Stream::comm, count * b.in.all_to_all_s(l.all_to_all_bytes), layer,
+  const OpId op = b.add(OpKind::all_to_all, rank, Stream::expert_comm, count * b.in.all_to_all_s(l.all_to_all_bytes), layer,
                         micro_batch, count * l.all_to_all_bytes, "all-to-all x" + std::to_string(count) + " " + what +
                         " " + b.unit_name(layer) + mb_suffix(micro_batch));
   graph_add_edge(b.g, b.last_compute[rank], op);

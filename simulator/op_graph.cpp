@@ -29,6 +29,7 @@ const char* stream_name(Stream stream) {
     case Stream::comm: return "comm";
     case Stream::host_copy: return "host_copy";
     case Stream::cpu: return "cpu";
+    case Stream::expert_comm: return "expert_comm";
   }
   return "?";
 }

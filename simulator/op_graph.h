@@ -31,11 +31,14 @@ enum class OpKind {
 };
 constexpr int kOpKindCount = 12;
 
-enum class Stream { compute, comm, host_copy, cpu };
-constexpr int kStreamCount = 4;
+// expert_comm: expert parallelism's all-to-alls, on their own process group (the ep mesh's NCCL
+// communicator and stream), so they do not queue behind the data-parallel collectives; links are not
+// shared-modelled between streams.
+enum class Stream { compute, comm, host_copy, cpu, expert_comm };
+constexpr int kStreamCount = 5;
 
 const char* op_kind_name(OpKind kind);  // "forward", "all_reduce", ...
-const char* stream_name(Stream stream);  // "compute", "comm", "host_copy", "cpu"
+const char* stream_name(Stream stream);  // "compute", "comm", "host_copy", "cpu", "expert_comm"
 bool op_kind_is_communication(OpKind kind);  // all_reduce, reduce_scatter, all_gather, send, all_to_all
 
 struct Op {

@@ -1,5 +1,5 @@
 // Expert parallelism in the simulator (simulator/graph_builders.cpp): each MoE block's all-to-all dispatch and
-// combine as ops on the comm stream, fed from the planner's own formulas (simulator/plan_inputs.cpp). With
+// combine as ops on the expert_comm stream, fed from the planner's own formulas (simulator/plan_inputs.cpp). With
 // overlap off the simulation equals the closed form; torchtitan does not overlap them, so every block waits
 // for its all-to-alls and the compute stream idles through them.
 #include <catch2/catch.hpp>
@@ -72,7 +72,7 @@ TEST_CASE("all-to-all ops: two per MoE block in forward, two in backward, four u
     ++ops;
     all_to_alls += op.bytes / in.layers[op.layer].all_to_all_bytes;
     a2a_s += op.duration_s;
-    CHECK(op.stream == sim::Stream::comm);
+    CHECK(op.stream == sim::Stream::expert_comm);
     // Not overlapped (torchtitan): the block's next compute op depends on it.
     bool feeds_compute = false;
     for (auto [e, end] = boost::out_edges(v, *s.graph.graph); e != end; ++e)
