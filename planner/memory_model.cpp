@@ -678,6 +678,8 @@ std::optional<Parallelism> scaled_layout(const Parallelism& p, int64_t n, const 
     if (dp % q.dp_replicate != 0) return std::nullopt;
     q.dp_shard = dp / q.dp_replicate;
   }
+  // Expert parallelism keeps its degree: it needs as many sharded data-parallel ranks.
+  if (q.ep > 1 && (q.dp_shard * q.cp) % q.ep != 0) return std::nullopt;
   return q;
 }
 

@@ -358,7 +358,11 @@ ModelSpec model_spec_from_json(const nlohmann::json& c, const std::string& name)
     for (const auto& lin : block_linears(m))
       if (!m.quantized.experts_only || is_expert_role(lin.role)) m.quantized.modules.push_back(lin.name);
     m.notes.push_back("quantization_config: " + std::string(m.quantized.experts_only ? "the routed experts" : "block linears") +
-                      " stored as " + m.quantized.describe() + "; full fine-tuning refused");
+                      " stored as " + m.quantized.describe() + "; full fine-tuning refused" +
+                      (m.quantized.method == "mxfp4"
+                           ? " (a run that dequantises on load, as OpenAI's gpt-oss fine-tuning recipe does with "
+                             "Mxfp4Config(dequantize=True), is planned from the config without quantization_config)"
+                           : ""));
   }
   if (m.moe.active()) {
     const ParamCounts p = count_params(m);

@@ -400,6 +400,16 @@ TEST_CASE("expert parallelism: the all-to-all's bytes and time", "[moe][step]") 
              WithinRel(with.comm_s - without.comm_s + (with.optimizer_s - without.optimizer_s), 1e-6));
 }
 
+TEST_CASE("an ep layout needs its expert group: the fewest GPUs keep ep ranks", "[moe][memory]") {
+  const auto m = spec("qwen3-30b-a3b");
+  const auto hw = ftplan::load_hardware("h100-sxm");
+  auto s = job("qwen3-30b-a3b", Method::lora, 8);
+  s.lora.targets = {"q_proj", "v_proj"};
+  CHECK_FALSE(ftplan::scaled_layout(layout("dp_shard=8,ep=8").parallel, 4, hw));
+  CHECK(ftplan::scaled_layout(layout("dp_shard=8,ep=8").parallel, 16, hw)->dp_shard == 16);
+  CHECK(ftplan::min_gpus(m, hw, s, layout("dp_shard=8,ep=8", 1, Checkpointing::none)) >= 8);
+}
+
 TEST_CASE("the search composes ep with data parallelism where the framework offers it", "[moe][search]") {
   const auto m = spec("qwen3-30b-a3b");
   const auto hw = ftplan::load_hardware("h100-sxm");
