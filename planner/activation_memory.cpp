@@ -41,6 +41,8 @@ ActivationInputs activation_inputs(const TrainingSetup& setup, int64_t micro_bat
   // FSDP's mixed precision computes with bf16 parameters instead.
   // (fw.autocast: the caller's judgement that autocast meets fp32 weights for this job and strategy.)
   in.residual_bytes = setup.precision == Precision::fp32 || (setup.precision == Precision::amp && fw.autocast) ? 4 : 2;
+  in.imbalance_factor = setup.moe.imbalance_factor;
+  in.capacity_factor = setup.moe.capacity_factor.value_or(0.0);
   return in;
 }
 
@@ -74,7 +76,16 @@ int64_t split_activation_bytes(const ActivationTerms& t, int64_t tp, bool sequen
   return saturate(t.sequence / seq_div + (t.tensor + t.replicated) / cp_div);
 }
 
-ActivationTerms block_activation_terms(const ModelSpec& m, const ActivationInputs& in) {
+double expert_pairs_per_token(const ModelSpec& m, const ActivationInputs& in) {
+  if (!m.moe.active()) return 0;
+  const double load = in.capacity_factor > 0 ? in.capacity_factor : in.ep > 1 ? in.imbalance_factor : 1.0;
+  return double(m.moe.top_k) * load;
+}
+
+namespace {
+
+// One block of one kind: a MoE model's MoE block (moe_layer) or a dense block.
+ActivationTerms layer_activation_terms(const ModelSpec& m, const ActivationInputs& in, bool moe_layer) {
   const double a = activation_bytes(in.precision);
   const double r = in.residual_bytes;
   const double T = static_cast<double>(in.micro_batch) * in.seq_len;
@@ -87,15 +98,33 @@ ActivationTerms block_activation_terms(const ModelSpec& m, const ActivationInput
   const double kv = in.gqa_kv_repeated ? q : kv_dim;
   const double scores = static_cast<double>(in.micro_batch) * heads * in.seq_len * in.seq_len;
   const double lse = 4.0 * in.micro_batch * heads * in.seq_len;
-  const std::vector<LinearShape> linears = block_linears(m);
-  const std::vector<LinearShape> rank_linears = block_linears(m, tp);
+  // A mixture of experts is never split by tensor parallelism (parallelism_problems): its linears are whole.
+  const std::vector<LinearShape> linears = m.moe.active() ? layer_linears(m, moe_layer) : block_linears(m);
+  const std::vector<LinearShape> rank_linears = m.moe.active() ? linears : block_linears(m, tp);
   auto column = [](const LinearShape& l) { return l.role == LinearRole::attention_in || l.role == LinearRole::mlp_in; };
+  // Mixture of experts: token-expert pairs the rank's experts compute, and those of its own tokens.
+  const double pairs_x = T * expert_pairs_per_token(m, in);
+  const double pairs_own = T * double(m.moe.top_k);
   ActivationTerms t;
   // torchtitan's op-level selective checkpointing: the block input, every second matmul's output
   // (q_proj, v_proj, gate_proj, down_proj in forward order), the attention kernel's output and
-  // log-sum-exp; everything else is recomputed from them (LoRA adapters included).
+  // log-sum-exp; everything else is recomputed from them (LoRA adapters included). A MoE block keeps every
+  // second attention matmul, the router's logits, each pair's first expert projection and the combined output.
   if (in.selective && in.selective_every_second_matmul) {
     t.sequence = r * T * h;
+    if (moe_layer) {
+      std::vector<LinearShape> attention;
+      for (const auto& lin : linears)
+        if (!is_mlp_role(lin.role)) attention.push_back(lin);
+      for (size_t k = 0; k < attention.size(); k += 2) t.tensor += a * T * attention[k].out_features;
+      for (const auto& lin : linears)
+        if (lin.role == LinearRole::expert_in) {
+          t.tensor += a * pairs_x * lin.out_features;
+          break;
+        }
+      t.tensor += a * T * m.moe.num_experts + a * pairs_own * h + a * T * q + lse;
+      return t;
+    }
     for (size_t k = 0; k < linears.size(); k += 2)
       (column(linears[k]) ? t.tensor : t.sequence) += a * T * (column(linears[k]) ? rank_linears[k].out_features : linears[k].out_features);
     t.tensor += a * T * q + lse;
@@ -118,7 +147,20 @@ ActivationTerms block_activation_terms(const ModelSpec& m, const ActivationInput
   // kernels cap inside. A sliding window does not shrink eager attention: transformers computes the
   // full S x S scores and masks the window (gemma2 eager_attention_forward), so local layers keep the
   // same tensors as global ones.
-  if (in.attention == Attention::fused) {
+  if (m.mla.active()) {
+    // Latent attention: q and k of heads·(nope + rope), v and the output of heads·v_head_dim (one KV head per
+    // query head); the latent norms and, when q_b_proj / kv_b_proj train, their inputs.
+    const double v = double(m.v_dim()), o = double(m.attn_out_dim());
+    const double qr = double(m.mla.q_lora_rank), kvr = double(m.mla.kv_lora_rank);
+    t.tensor += norm_bytes(m, in, T, kvr, 1, a) + (qr > 0 ? norm_bytes(m, in, T, qr, 1, a) : 0.0);
+    for (const auto& lin : linears)
+      if (lin.role == LinearRole::attention_latent && keeps_input(in, lin.name)) t.tensor += a * T * lin.in_features;
+    if (in.attention == Attention::fused)
+      t.tensor += a * T * (q + q + v) + a * T * o + (in.selective ? 0 : lse);
+    else
+      t.tensor += a * T * (q + q + v) + (in.selective ? 0 : 4 * scores + (a == 2 ? 2 * scores : 0));
+    if (keeps_role_input(in, linears, LinearRole::attention_out)) t.tensor += a * T * o;
+  } else if (in.attention == Attention::fused) {
     t.tensor += a * T * (q + 2 * kv) + a * T * q + (in.selective ? 0 : lse);
   } else {
     const double capped = m.attn_logit_softcapping > 0 ? a * scores : 0;
@@ -131,11 +173,30 @@ ActivationTerms block_activation_terms(const ModelSpec& m, const ActivationInput
     const bool copied = m.num_kv_heads < m.num_heads && (in.attention == Attention::eager || in.gqa_kv_repeated);
     if (!copied) t.tensor += a * T * (q + kv_dim);
   }
-  if (keeps_role_input(in, linears, LinearRole::attention_out)) t.tensor += a * T * q;
-  // Gated MLP (SwiGLU or GeGLU): gate, act(gate), up; the product feeds down_proj. A fused gate_up_proj
-  // keeps the same bytes: its output (2·i, held by the gate and up views) and act(gate). Compiled:
-  // gate and up only.
-  if (in.compile) {
+  if (!m.mla.active() && keeps_role_input(in, linears, LinearRole::attention_out)) t.tensor += a * T * q;
+  if (moe_layer) {
+    // The MoE block: the MLP norm's output when the router or the shared expert reads it to train; the
+    // router's softmax and top-k; per pair the experts' tensors; per own pair the expert output the routing
+    // weight multiplies; the shared expert as a dense MLP of its width, scaled by its sigmoid gate.
+    const MoeSpec& e = m.moe;
+    const double I = double(e.expert_intermediate_size), sw = double(e.shared_intermediate_size);
+    if (keeps_role_input(in, linears, LinearRole::router) || keeps_role_input(in, linears, LinearRole::mlp_in))
+      t.sequence += a * T * h;
+    t.tensor += 4.0 * T * e.num_experts + 12.0 * T * e.top_k + a * T * e.top_k;
+    if (keeps_role_input(in, linears, LinearRole::expert_in)) t.tensor += a * pairs_x * h;
+    if (in.compile) {
+      t.tensor += 2 * a * pairs_x * I + 2 * a * T * sw;
+    } else {
+      t.tensor += 3 * a * pairs_x * I + 3 * a * T * sw;
+      if (keeps_role_input(in, linears, LinearRole::expert_out)) t.tensor += a * pairs_x * I;
+      if (sw > 0 && keeps_role_input(in, linears, LinearRole::mlp_out)) t.tensor += a * T * sw;
+    }
+    t.tensor += a * pairs_own * h;
+    if (e.shared_expert_gate) t.tensor += a * T + a * T * h;
+  } else if (in.compile) {
+    // Gated MLP (SwiGLU or GeGLU): gate, act(gate), up; the product feeds down_proj. A fused gate_up_proj
+    // keeps the same bytes: its output (2·i, held by the gate and up views) and act(gate). Compiled:
+    // gate and up only.
     t.tensor += 2 * a * T * i;
   } else {
     t.tensor += 3 * a * T * i;
@@ -145,16 +206,31 @@ ActivationTerms block_activation_terms(const ModelSpec& m, const ActivationInput
   // column-parallel linear; on a row-parallel one its partial outputs are all-reduced); with dropout,
   // the dropped-out input (the shared input of a column-parallel linear, one rank's columns of a
   // row-parallel one) and its mask.
+  // An expert's adapter runs on each pair dispatched to it.
   if (in.method != Method::full) {
     for (size_t k = 0; k < linears.size(); ++k) {
       const auto& lin = linears[k];
       if (!contains(in.lora.targets, lin.name)) continue;
-      t.replicated += a * T * in.lora.rank;
+      const double rows = is_expert_role(lin.role) ? pairs_x : T;
+      t.replicated += a * rows * in.lora.rank;
       if (in.lora.dropout > 0.0)
-        (column(lin) ? t.sequence : t.tensor) += (a + 1) * T * (column(lin) ? lin.in_features : rank_linears[k].in_features);
+        (column(lin) ? t.sequence : t.tensor) += (a + 1) * rows * (column(lin) ? lin.in_features : rank_linears[k].in_features);
     }
   }
   return t;
+}
+
+}  // namespace
+
+ActivationTerms block_activation_terms(const ModelSpec& m, const ActivationInputs& in) {
+  if (!m.moe.active()) return layer_activation_terms(m, in, false);
+  const ActivationTerms moe = layer_activation_terms(m, in, true);
+  if (m.moe.uniform()) return moe;
+  // Blocks of two kinds: the mean block.
+  const ActivationTerms dense = layer_activation_terms(m, in, false);
+  const double n = double(m.moe.num_moe_layers()), L = double(m.num_layers);
+  auto mean = [&](double x, double y) { return (n * x + (L - n) * y) / L; };
+  return {mean(moe.sequence, dense.sequence), mean(moe.tensor, dense.tensor), mean(moe.replicated, dense.replicated)};
 }
 
 int64_t block_activation_bytes(const ModelSpec& m, const ActivationInputs& in) {
@@ -184,6 +260,14 @@ int64_t activation_bytes_for_layers(const ModelSpec& m, const ActivationInputs& 
 
 int64_t logits_loss_bytes(const ModelSpec& m, int64_t micro_batch, int64_t seq_len) {
   return saturate(12.0 * micro_batch * seq_len * m.vocab_size);
+}
+
+int64_t aux_loss_bytes(const ModelSpec& m, int64_t micro_batch, int64_t seq_len, Precision precision, bool peak) {
+  if (!m.moe.active()) return 0;
+  const double T = static_cast<double>(micro_batch) * seq_len;
+  const double LTE = double(m.moe.num_moe_layers()) * T * double(m.moe.num_experts);
+  const double kept = (activation_bytes(precision) + 4.0) * LTE;
+  return saturate(kept + (peak ? 12.0 * LTE * double(m.moe.top_k) : 0.0));
 }
 
 int64_t logit_softcap_bytes(const ModelSpec& m, int64_t micro_batch, int64_t seq_len, Precision precision) {

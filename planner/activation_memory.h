@@ -46,6 +46,20 @@
 //               the q and k parts stay alive: + a·T·(q_dim + kv_dim); a fused gate_up_proj keeps the
 //               same bytes as gate and up
 //   the final logit soft-cap (Gemma 2) keeps tanh's output, a·T·vocab, through the loss (logit_softcap_bytes)
+//   multi-head latent attention (DeepSeek): q and k of heads·(qk_nope + qk_rope), v and the output of
+//               heads·v_head_dim; the latent RMSNorms (q_a_layernorm, kv_a_layernorm) keep what a norm keeps, and
+//               q_b_proj / kv_b_proj keep their latent input when they train
+//   a mixture-of-experts block (transformers' MixtralSparseMoeBlock and its kin; torchtitan's grouped experts
+//               keep the same per pair), with P = T·top_k token-expert pairs of the rank's own tokens and P_x
+//               the pairs its experts compute (P; under expert parallelism imbalance_factor·P on the busiest
+//               rank; capacity-limited routing capacity_factor·P, padded):
+//               the MLP norm's output (a·T·h) when the router or the shared expert trains; the router's fp32
+//               softmax (4·T·experts), top-k indices and weights (12·T·top_k) and their cast (a·T·top_k); per
+//               expert pair the dispatched input (a·h, when the expert's gate/up keeps it), gate, act(gate),
+//               up (3·a·I; compiled 2·a·I) and down's input (a·I, when down keeps it); per own pair the expert
+//               output kept for the routing-weight product (a·h); the shared expert as a dense MLP of its width,
+//               its sigmoid gate (a·T) and the output it scales (a·T·h); LoRA on experts per pair
+//   blocks of two kinds (DeepSeek's leading dense blocks): the mean block
 #pragma once
 
 #include <cstdint>
@@ -72,6 +86,10 @@ struct ActivationInputs {
   int64_t tp = 1;
   bool sequence_parallel = false;
   int64_t cp = 1;
+  // Mixture of experts (TrainingSetup::moe): expert parallelism and how tokens load the experts.
+  int64_t ep = 1;
+  double imbalance_factor = 1.0;  // dropless, under expert parallelism: the busiest rank's share of pairs
+  double capacity_factor = 0;     // > 0: capacity-limited routing, every expert padded to its capacity
 };
 
 // One block's saved bytes by how tensor and context parallelism split them (Korthikanti et al. 2022,
@@ -119,6 +137,16 @@ int64_t activation_bytes_for_layers(const ModelSpec& model, const ActivationInpu
 // gradient of the fp32 logits (4·T·V) are alive together inside log_softmax's backward = 12·T·V.
 // The logits themselves are not kept (the cast and the linear need no output for backward).
 int64_t logits_loss_bytes(const ModelSpec& model, int64_t micro_batch, int64_t seq_len);
+
+// Token-expert pairs the rank's experts compute per token of its own, e.g. top_k, or top_k x
+// imbalance_factor under expert parallelism, or top_k x capacity_factor; 0 for dense models.
+double expert_pairs_per_token(const ModelSpec& model, const ActivationInputs& in);
+
+// The load-balancing loss (transformers' load_balancing_loss_func): every MoE layer's router logits kept
+// (a·L·T·experts) and the fp32 softmax of their concatenation (4·L·T·experts), from the model's forward to
+// the loss's backward; `peak`: plus its one-hot expert mask (int64) and the mask's fp32 copy,
+// 12·L·T·top_k·experts, alive while it is computed.
+int64_t aux_loss_bytes(const ModelSpec& model, int64_t micro_batch, int64_t seq_len, Precision precision, bool peak);
 
 // The final logit soft-cap (logits = cap·tanh(logits/cap), Gemma2ForCausalLM.forward): tanh's output in
 // the logits' dtype (a·B·S·vocab) is kept for backward from forward through the loss. 0 without a cap.

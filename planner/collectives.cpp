@@ -14,6 +14,7 @@ std::string to_string(Collective c) {
     case Collective::all_gather: return "all_gather";
     case Collective::broadcast: return "broadcast";
     case Collective::send_recv: return "send_recv";
+    case Collective::all_to_all: return "all_to_all";
   }
   return "?";
 }
@@ -25,6 +26,7 @@ CollectiveFormula collective_formula(Collective c) {
     case Collective::all_gather: return {1.0, -1.0, 1.0};
     case Collective::broadcast: return {1.0, 0.0, 1.0};
     case Collective::send_recv: return {1.0, 0.0, 0.0};
+    case Collective::all_to_all: return {1.0, -1.0, 1.0};
   }
   return {0, 0, 0};
 }
@@ -103,6 +105,13 @@ double collective_time_s(const Interconnect& net, Collective c, double bytes) {
       return collective_time_s(c, bytes, g, intra, a) + collective_time_s(c, bytes / g, net.nodes, inter, a);
     case Collective::broadcast:
       return collective_time_s(c, bytes, net.num_gpus, std::min(intra, inter), a);
+    case Collective::all_to_all: {
+      // (g-1)/N of the buffer to the other ranks on the node over its links, (N-g)/N to the other nodes'
+      // ranks over the NICs, at once.
+      const double N = double(net.num_gpus);
+      const double on_node = bytes * (g - 1) / N / intra, off_node = bytes * (N - g) / N / inter;
+      return a * (N - 1) + std::max(on_node, off_node);
+    }
     default: return 0.0;
   }
 }

@@ -3,6 +3,9 @@
 //   ring all-reduce:            scale 2, offset -1  ->  2(N-1)/N · M / B
 //   reduce-scatter, all-gather: scale 1, offset -1  ->   (N-1)/N · M / B
 //   broadcast (pipelined ring), point-to-point: scale 1, offset 0 -> M / B
+//   all-to-all (expert parallelism's dispatch and combine; NCCL's grouped send/recv pairs): scale 1,
+//       offset -1 -> (N-1)/N · M / B, each rank sending M/N to every other rank at once; α paid N-1 times.
+//       Across nodes the on-node and off-node parts move over their own links at once: the slower wins.
 // M is the full buffer (e.g. all gradients), B the per-GPU per-direction bandwidth of the ring.
 #pragma once
 
@@ -13,7 +16,7 @@
 
 namespace ftplan {
 
-enum class Collective { all_reduce, reduce_scatter, all_gather, broadcast, send_recv };
+enum class Collective { all_reduce, reduce_scatter, all_gather, broadcast, send_recv, all_to_all };
 std::string to_string(Collective c);
 
 struct CollectiveFormula {

@@ -6,12 +6,26 @@ namespace ftplan {
 
 FlopsPerToken flops_per_token(const ModelSpec& m, const TrainingSetup& setup) {
   const double L = static_cast<double>(m.num_layers);
-  double block_matmul = 0, lora = 0;
-  for (const auto& lin : block_linears(m)) {
-    block_matmul += 2.0 * lin.in_features * lin.out_features;
-    if (setup.method != Method::full &&
-        std::find(setup.lora.targets.begin(), setup.lora.targets.end(), lin.name) != setup.lora.targets.end())
-      lora += 2.0 * setup.lora.rank * (lin.in_features + lin.out_features);
+  double block_matmul = 0, lora = 0, expert = 0;
+  // A block's matmuls per token: every linear once, a routed expert's linear top_k times (the experts the
+  // token runs): the active parameters, not all of them. A MoE model with dense blocks: the mean block.
+  auto add_layer = [&](const std::vector<LinearShape>& linears, double share) {
+    for (const auto& lin : linears) {
+      const double runs = is_expert_role(lin.role) ? double(m.moe.top_k) : 1.0;
+      const double mm = share * runs * 2.0 * lin.in_features * lin.out_features;
+      block_matmul += mm;
+      if (is_expert_role(lin.role)) expert += mm;
+      if (setup.method != Method::full &&
+          std::find(setup.lora.targets.begin(), setup.lora.targets.end(), lin.name) != setup.lora.targets.end())
+        lora += share * runs * 2.0 * setup.lora.rank * (lin.in_features + lin.out_features);
+    }
+  };
+  if (!m.moe.active()) {
+    add_layer(block_linears(m), 1.0);
+  } else {
+    const double moe_share = L > 0 ? double(m.moe.num_moe_layers()) / L : 1.0;
+    add_layer(layer_linears(m, true), moe_share);
+    if (!m.moe.uniform()) add_layer(layer_linears(m, false), 1.0 - moe_share);
   }
   // QK^T and P·V, forward, one layer: 4·S·q_dim; a local layer under fused attention attends over
   // min(S, window) keys (flash-attention skips the blocks outside the window), eager attention computes
@@ -20,7 +34,8 @@ FlopsPerToken flops_per_token(const ModelSpec& m, const TrainingSetup& setup) {
   const bool windowed = setup.attention.value_or(Attention::fused) == Attention::fused;
   const double local = windowed ? static_cast<double>(m.num_sliding_layers()) : 0.0;
   const double keys = L > 0 ? ((L - local) * S + local * std::min(S, double(m.sliding_window))) / L : S;
-  const double attention = 4.0 * keys * m.q_dim();
+  // Latent attention: QK^T over heads·(nope + rope), P·V over heads·v_head_dim.
+  const double attention = m.mla.active() ? 2.0 * keys * double(m.q_dim() + m.attn_out_dim()) : 4.0 * keys * m.q_dim();
   const double head = 2.0 * m.vocab_size * m.hidden_size;    // lm_head (tied or not)
   FlopsPerToken f;
   f.block_forward = L * (block_matmul + attention + lora);
@@ -33,6 +48,7 @@ FlopsPerToken flops_per_token(const ModelSpec& m, const TrainingSetup& setup) {
   f.block_matmul = block_matmul;
   f.block_attention = attention;
   f.block_lora = lora;
+  f.block_expert = expert;
   f.head = head;
   f.weights_train = weights_train;
   return f;

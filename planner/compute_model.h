@@ -7,6 +7,8 @@
 // under fused attention (flash-attention's window skips the blocks outside it) and the full 4·S·q_dim
 // under eager attention (the window is a mask). Fused projections (Phi-3's qkv_proj, gate_up_proj)
 // count the same FLOPs as the separate ones. Full checkpointing recomputes every block's forward once.
+// A mixture of experts counts its active parameters: the router, the shared expert and top_k routed
+// experts per token (Mixtral: 2 of 8); latent attention (DeepSeek) 2·S·(heads·(nope + rope) + heads·v_head_dim).
 #pragma once
 
 #include <cstdint>
@@ -26,6 +28,8 @@ struct FlopsPerToken {
   // where local and global layers differ) and LoRA adapters, and the lm_head. Backward per block: input gradients matmul + 2·attention + lora, weight gradients
   // matmul (when weights train) + lora.
   double block_matmul = 0, block_attention = 0, block_lora = 0, head = 0;
+  double block_expert = 0;   // the routed experts' part of block_matmul (top_k experts per token), e.g. for the
+                             // busiest expert-parallel rank's extra load
   bool weights_train = false;
 };
 

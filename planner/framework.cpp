@@ -129,6 +129,9 @@ const std::vector<std::pair<std::string, Setter>>& leaves() {
          else fail_input(n + ": '" + m + "' is not ring or all_gather");
        }},
       {"parallelism.pipeline_parallel", [](P& p, const Json& v, const std::string& n) { p.offers_pipeline_parallel = boolean(v, n); }},
+      {"parallelism.expert_parallel", [](P& p, const Json& v, const std::string& n) { p.offers_expert_parallel = boolean(v, n); }},
+      {"parallelism.expert_parallel_overlap",
+       [](P& p, const Json& v, const std::string& n) { p.expert_parallel_overlap = boolean(v, n); }},
       {"parallelism.pipeline_schedules",
        [](P& p, const Json& v, const std::string& n) {
          if (!v.is_array()) fail_input(n + ": expected a list of schedules, e.g. [\"1f1b\"]");
@@ -301,6 +304,7 @@ void apply_framework(TrainingSetup& s, const FrameworkProfile& p) {
     if (q.tp > 1 && !q.sequence_parallel && p.sequence_parallel == "always")
       problems.push_back("--parallel tp=" + std::to_string(q.tp) + " without sp=1: " + fw + " always runs sequence parallelism with tensor parallelism");
     if (q.cp > 1 && !p.offers_context_parallel) problems.push_back("--parallel cp=" + std::to_string(q.cp) + ": " + fw + " has no context parallelism");
+    if (q.ep > 1 && !p.offers_expert_parallel) problems.push_back("--parallel ep=" + std::to_string(q.ep) + ": " + fw + " has no expert parallelism");
     const bool preset_pipeline = preset_of(q).has_value();  // mp, pipeline, pipeline_1f1b stay available everywhere
     if (q.pp > 1 && !preset_pipeline && !p.offers_pipeline_parallel)
       problems.push_back("--parallel pp=" + std::to_string(q.pp) + ": " + fw + " composes no pipeline parallelism");

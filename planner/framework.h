@@ -108,6 +108,8 @@ struct FrameworkProfile {
   ContextParallel cp_mode = ContextParallel::all_gather;  // how its context parallelism exchanges K and V
   bool offers_pipeline_parallel = false;    // pipelines composed with data parallelism, TP, CP
   std::vector<PipelineSchedule> pipeline_schedules;
+  bool offers_expert_parallel = false;      // a mixture of experts' experts split over ep ranks (ep in --parallel)
+  bool expert_parallel_overlap = false;     // its all-to-all dispatch and combine run beside the experts' compute
 
   std::map<std::string, std::string> sources;  // "section.key" -> where the value comes from
 };

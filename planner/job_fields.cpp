@@ -128,6 +128,18 @@ const std::vector<Row>& rows() {
       text(FieldType::boolean, "quantization.double_quant", "--double-quant", "",
            "QLoRA: bitsandbytes double quantisation of the absmaxes (default: the framework's)", kJobPlan,
            [](T& s, const F& f, const J& v, const S& n) { s.quantization.double_quant = field_bool(f, v, n); }),
+      number("moe.imbalance_factor", "--moe-imbalance-factor", 1, 1e6, false, false, "x balanced",
+             "Mixture of experts, dropless routing: the busiest expert-parallel rank receives this many times the "
+             "balanced tokens (default 1.0: balanced; at most num_experts / top_k)", kJobPlan,
+             [](T& s, const F& f, const J& v, const S& n) { s.moe.imbalance_factor = field_number(f, v, n); }),
+      number("moe.capacity_factor", "--moe-capacity-factor", 0, 1e6, true, false, "x balanced",
+             "Mixture of experts: capacity-limited routing instead of dropless, each expert padded to this many times "
+             "its balanced tokens (GShard, DeepSpeed-MoE; default: dropless)", kJobPlan,
+             [](T& s, const F& f, const J& v, const S& n) { s.moe.capacity_factor = field_number(f, v, n); }),
+      text(FieldType::boolean, "moe.aux_loss", "--moe-aux-loss", "",
+           "Mixture of experts: the load-balancing loss over every layer's router logits (default: the config's "
+           "output_router_logits, as transformers does)", kJobPlan,
+           [](T& s, const F& f, const J& v, const S& n) { s.moe.aux_loss = field_bool(f, v, n); }),
       text(FieldType::boolean, "activation_offload", "--activation-offload", "",
            "Activations kept in host memory between forward and backward (torchtune)", kJobPlan,
            [](T& s, const F& f, const J& v, const S& n) { s.activation_offload = field_bool(f, v, n); }),
@@ -336,8 +348,11 @@ void apply_job_field(TrainingSetup& setup, const FieldSpec& f, const nlohmann::j
 
 void apply_model(TrainingSetup& s, const ModelSpec& model) {
   if (s.lora.all_linear) {
+    // PEFT's all-linear: every nn.Linear of the blocks (not bare parameters such as gpt-oss's fused experts).
     s.lora.targets.clear();
-    for (const auto& lin : block_linears(model)) s.lora.targets.push_back(lin.name);
+    for (const auto& lin : model_linears(model))
+      if (lin.module && std::find(s.lora.targets.begin(), s.lora.targets.end(), lin.name) == s.lora.targets.end())
+        s.lora.targets.push_back(lin.name);
   } else if (!s.given.count("lora.targets") && !model.default_lora_targets.empty()) {
     s.lora.targets = model.default_lora_targets;
   }
@@ -351,18 +366,31 @@ void apply_model(TrainingSetup& s, const ModelSpec& model) {
 void validate_job(const TrainingSetup& s, const ModelSpec& model, const std::string& where) {
   std::vector<std::string> problems;
   if (s.method != Method::full) {
-    const std::vector<LinearShape> linears = block_linears(model);
+    const std::vector<std::string> linears = linear_names(model);
     std::string names;
-    for (const auto& lin : linears) names += (names.empty() ? "" : ", ") + lin.name;
+    for (const auto& name : linears) names += (names.empty() ? "" : ", ") + name;
     if (!s.given.count("lora.targets") && !s.lora.all_linear && model.default_lora_targets.empty())
       problems.push_back("--lora-targets (lora.targets): model_type " + model.model_type +
                          " has no PEFT default target list (peft/utils/constants.py); give its modules (" + names +
                          ") or all-linear");
     else
       for (const auto& t : s.lora.targets)
-        if (std::none_of(linears.begin(), linears.end(), [&](const LinearShape& l) { return l.name == t; }))
+        if (std::find(linears.begin(), linears.end(), t) == linears.end())
           problems.push_back("--lora-targets (lora.targets): '" + t + "' is not a linear of a " + model.model_type +
                              " block (" + names + ")");
+  }
+  if (model.moe.active()) {
+    const double most = double(model.moe.num_experts) / double(model.moe.top_k);
+    if (s.moe.imbalance_factor > most)
+      problems.push_back("--moe-imbalance-factor (moe.imbalance_factor) " + std::to_string(s.moe.imbalance_factor) +
+                         " exceeds num_experts / top_k = " + std::to_string(most) +
+                         " (every token on the busiest rank's experts)");
+    if (s.moe.capacity_factor && s.given.count("moe.imbalance_factor"))
+      problems.push_back("--moe-capacity-factor (moe.capacity_factor) and --moe-imbalance-factor (moe.imbalance_factor): "
+                         "capacity-limited routing pads every expert to its capacity; give one of them");
+  } else if (s.given.count("moe.imbalance_factor") || s.moe.capacity_factor || s.moe.aux_loss.value_or(false)) {
+    problems.push_back("--moe-imbalance-factor / --moe-capacity-factor / --moe-aux-loss (moe.*): " + model.name +
+                       " has no experts");
   }
   if (s.method == Method::full && model.quantized.active())
     problems.push_back("--method (method) full: the base is stored quantized (quantization_config: " +

@@ -29,20 +29,73 @@ UnitParams operator+(UnitParams a, UnitParams b) {
 }
 
 // One tensor-parallel rank's adapters: each split as its base linear is (A whole and B by output
-// columns on a column-parallel linear, A by input rows and B whole on a row-parallel one).
-int64_t lora_params_per_layer(const ModelSpec& model, const LoraSpec& lora, int64_t tp = 1) {
+// columns on a column-parallel linear, A by input rows and B whole on a row-parallel one). A routed
+// expert's linear has one adapter per expert (PEFT wraps each expert's nn.Linear).
+int64_t lora_params(const std::vector<LinearShape>& linears, const LoraSpec& lora, bool experts_only = false) {
   int64_t n = 0;
-  for (const auto& lin : block_linears(model, tp))
-    if (std::find(lora.targets.begin(), lora.targets.end(), lin.name) != lora.targets.end())
-      n += lora.rank * (lin.in_features + lin.out_features);  // A: r×in, B: out×r
+  for (const auto& lin : linears)
+    if ((!experts_only || is_expert_role(lin.role)) &&
+        std::find(lora.targets.begin(), lora.targets.end(), lin.name) != lora.targets.end())
+      n += lin.instances * lora.rank * (lin.in_features + lin.out_features);  // A: r×in, B: out×r
   return n;
 }
 
 struct JobUnits {
-  UnitParams embedding, layer, head;  // head: final norm + lm_head (when untied)
+  UnitParams embedding, layer, head;  // head: final norm + lm_head (when untied); layer: one (MoE) block
+  UnitParams blocks;                  // every block together (a MoE model's dense and MoE blocks)
+  UnitParams experts;                 // the routed experts of every MoE block (their part of `blocks`)
+  bool uniform = true;                // every block is `layer` (blocks = num_layers x layer)
   int64_t largest_quantized = 0;      // elements of the largest NF4 weight
-  int64_t layer_linear_weights = 0;   // elements of one block's linear weights (amp copies)
+  double layer_linear_weights = 0;    // elements of one block's linear weights (amp copies); mean over blocks
 };
+
+// One kind of block: its units, its routed experts' units, its linear weights.
+struct LayerUnits {
+  UnitParams layer, experts;
+  int64_t linear_weights = 0;
+};
+
+LayerUnits layer_units(const ModelSpec& model, const TrainingSetup& setup, const ParamCounts& p, int64_t tp,
+                       bool moe_layer, int64_t& largest_quantized) {
+  const bool dq = setup.quantization.double_quant;
+  const std::vector<LinearShape> linears = model.moe.active() ? layer_linears(model, moe_layer) : block_linears(model, tp);
+  // What is stored quantised: a quantised base's modules as its checkpoint stores them (mxfp4: the experts);
+  // QLoRA's bitsandbytes quantises every nn.Linear of the blocks (not bare parameters).
+  auto quantized = [&](const LinearShape& lin) {
+    return model.quantized.active() ? (!model.quantized.experts_only || is_expert_role(lin.role)) : lin.module;
+  };
+  int64_t q_weights = 0, q_bytes = 0, x_q_weights = 0, x_q_bytes = 0;
+  LayerUnits r;
+  for (const auto& lin : linears) {
+    const int64_t w = lin.in_features * lin.out_features;
+    r.linear_weights += lin.instances * w;
+    if (setup.method != Method::qlora || !quantized(lin)) continue;
+    const int64_t bytes = lin.instances * (model.quantized.active() ? quantized_linear_bytes(model.quantized, lin.in_features, lin.out_features)
+                                                                    : nf4_storage_bytes(w, dq));
+    q_weights += lin.instances * w, q_bytes += bytes;
+    if (is_expert_role(lin.role)) x_q_weights += lin.instances * w, x_q_bytes += bytes;
+    largest_quantized = std::max(largest_quantized, w);
+  }
+  const int64_t params = moe_layer || !model.moe.active() ? p.per_layer : p.dense_per_layer;
+  const int64_t expert_params = moe_layer ? p.experts : 0;
+  const int64_t lora = setup.method == Method::full ? 0 : lora_params(linears, setup.lora);
+  const int64_t lora_x = setup.method == Method::full ? 0 : lora_params(linears, setup.lora, true);
+  switch (setup.method) {
+    case Method::full:
+      r.layer = {params, 0, 0};
+      r.experts = {expert_params, 0, 0};
+      break;
+    case Method::lora:
+      r.layer = {lora, params, 0};
+      r.experts = {lora_x, expert_params, 0};
+      break;
+    case Method::qlora:
+      r.layer = {lora, params - q_weights, q_weights, q_bytes};
+      r.experts = {lora_x, expert_params - x_q_weights, x_q_weights, x_q_bytes};
+      break;
+  }
+  return r;
+}
 
 JobUnits job_units(const ModelSpec& model, const TrainingSetup& setup, const FrameworkProfile& fw, int64_t tp = 1) {
   const ParamCounts p = count_params(model, tp);
@@ -51,30 +104,31 @@ JobUnits job_units(const ModelSpec& model, const TrainingSetup& setup, const Fra
     fail_input("--method (method) " + to_string(setup.method) + ": the base is stored quantized (" +
                model.quantized.describe() + "): LoRA on it is planned as qlora (job_fields.h apply_model)");
   JobUnits u;
-  int64_t linear_weights = 0, linear_nf4_bytes = 0;
-  for (const auto& lin : block_linears(model, tp)) {
-    linear_weights += lin.in_features * lin.out_features;
-    // A quantised base (quantization_config) holds its linears as the checkpoint stores them.
-    linear_nf4_bytes += model.quantized.active() ? quantized_linear_bytes(model.quantized, lin.in_features, lin.out_features)
-                                                 : nf4_storage_bytes(lin.in_features * lin.out_features, dq);
-    u.largest_quantized = std::max(u.largest_quantized, lin.in_features * lin.out_features);
+  const LayerUnits main = layer_units(model, setup, p, tp, model.moe.active(), u.largest_quantized);
+  u.layer = main.layer;
+  u.uniform = model.moe.uniform();
+  u.layer_linear_weights = static_cast<double>(main.linear_weights);
+  u.blocks = model.num_layers * main.layer;
+  u.experts = p.moe_layers * main.experts;
+  if (!u.uniform) {  // a MoE model's dense blocks beside its MoE blocks
+    const LayerUnits dense = layer_units(model, setup, p, tp, false, u.largest_quantized);
+    const int64_t n_dense = model.num_layers - p.moe_layers;
+    u.blocks = p.moe_layers * main.layer + n_dense * dense.layer;
+    u.layer_linear_weights = (double(p.moe_layers) * main.linear_weights + double(n_dense) * dense.linear_weights) /
+                             double(model.num_layers);
   }
-  u.layer_linear_weights = linear_weights;
   const int64_t embedding = p.embedding + p.vision;  // a wrapper's vision tower and projector live with the embedding
   switch (setup.method) {
     case Method::full:
       u.embedding = {embedding, 0, 0};
-      u.layer = {p.per_layer, 0, 0};
       u.head = {p.final_norm + p.lm_head, 0, 0};
       break;
     case Method::lora:
       u.embedding = {0, embedding, 0};
-      u.layer = {lora_params_per_layer(model, setup.lora, tp), p.per_layer, 0};
       u.head = {0, p.final_norm + p.lm_head, 0};
       break;
     case Method::qlora: {  // the block linears in NF4 (and the head where the framework quantises it)
       u.embedding = {0, embedding, 0};
-      u.layer = {lora_params_per_layer(model, setup.lora, tp), p.per_layer - linear_weights, linear_weights, linear_nf4_bytes};
       const bool q_head = fw.quantize_lm_head && p.lm_head > 0 && !model.quantized.active();
       u.head = {0, p.final_norm + (q_head ? 0 : p.lm_head), q_head ? p.lm_head : 0,
                 q_head ? nf4_storage_bytes(p.lm_head, dq) : 0};
@@ -160,13 +214,13 @@ void finish(MemoryEstimate& e, const HardwareSpec& hw, const TrainingSetup& setu
 
 TrainableParams trainable_params(const ModelSpec& model, const TrainingSetup& setup) {
   const JobUnits u = job_units(model, setup, framework_profile(setup.framework));
-  const UnitParams all = u.embedding + model.num_layers * u.layer + u.head;
+  const UnitParams all = u.embedding + u.blocks + u.head;
   TrainableParams t;
   t.total = count_params(model).total;
   t.trainable = all.trainable;
   t.frozen = all.frozen + all.nf4;
   t.quantized = all.nf4;
-  t.lora_per_layer = setup.method == Method::full ? 0 : u.layer.trainable;
+  t.lora_per_layer = setup.method == Method::full ? 0 : u.blocks.trainable / std::max<int64_t>(1, model.num_layers);
   return t;
 }
 
@@ -175,11 +229,12 @@ ActivationInputs sharded_inputs(ActivationInputs in, const ShardShape& shape) {
   in.tp = shape.tp;
   in.sequence_parallel = shape.sequence_parallel;
   in.cp = shape.cp;
+  in.ep = shape.ep;
   return in;
 }
 }  // namespace
 
-ShardShape shard_shape(const Parallelism& p) { return {p.tp, p.sequence_parallel && p.tp > 1, p.cp}; }
+ShardShape shard_shape(const Parallelism& p) { return {p.tp, p.sequence_parallel && p.tp > 1, p.cp, p.ep}; }
 
 PreparedJob prepare_job(const ModelSpec& model, const HardwareSpec& hw, const TrainingSetup& setup, const ShardShape& shape) {
   PreparedJob j;
@@ -192,8 +247,21 @@ PreparedJob prepare_job(const ModelSpec& model, const HardwareSpec& hw, const Tr
   // One tensor-parallel rank's share of every unit; loading and saving handle the whole model.
   const JobUnits u = job_units(model, setup, fw, shape.tp);
   const JobUnits whole = shape.tp > 1 ? job_units(model, setup, fw) : u;
-  const StateBytes e = state_bytes(u.embedding, setup, fw), l = state_bytes(u.layer, setup, fw),
-                   h = state_bytes(u.head, setup, fw);
+  // One block's bytes: the block, or the mean block where a MoE model's dense and MoE blocks differ.
+  const double L = static_cast<double>(std::max<int64_t>(1, model.num_layers));
+  auto per_layer = [L](StateBytes b) {
+    b.weights /= L, b.compute /= L, b.gradients /= L, b.optimizer /= L;
+    return b;
+  };
+  const StateBytes e = state_bytes(u.embedding, setup, fw), h = state_bytes(u.head, setup, fw);
+  const StateBytes l = u.uniform ? state_bytes(u.layer, setup, fw) : per_layer(state_bytes(u.blocks, setup, fw));
+  if (model.moe.active()) {  // the routed experts' share of one (mean) block: what expert parallelism splits
+    const StateBytes x = per_layer(state_bytes(u.experts, setup, fw));
+    j.layer_expert_weight_bytes = x.weights;
+    j.layer_expert_compute_bytes = x.compute;
+    j.layer_expert_grad_bytes = x.gradients;
+    j.layer_expert_opt_bytes = x.optimizer;
+  }
   j.embedding_weight_bytes = e.weights;
   j.embedding_compute_bytes = e.compute;
   j.embedding_grad_bytes = e.gradients;
@@ -207,13 +275,15 @@ PreparedJob prepare_job(const ModelSpec& model, const HardwareSpec& hw, const Tr
   j.head_grad_bytes = h.gradients;
   j.head_opt_bytes = h.optimizer;
   j.tied_head_weight_bytes = model.tie_word_embeddings ? e.weights : 0;
-  const UnitParams all = u.embedding + model.num_layers * u.layer + u.head;
+  const UnitParams all = u.embedding + u.blocks + u.head;
   j.trainable_params = all.trainable;
+  j.expert_trainable_params = u.experts.trainable;
   const ParamBytes tb = trainable_param_bytes(setup.precision, setup.optimizer);
   // FSDP-1 with use_orig_params: a unit mixing frozen and trainable weights keeps a gradient for
   // all of it (the FlatParameter's gradient is whole) unless the adapters are units of their own.
   if (setup.method != Method::full && !fw.fsdp_lora_separate_units && setup.fsdp_version == 1)
-    j.layer_frozen_grad_bytes = (u.layer.frozen + u.layer.nf4) * tb.gradient;
+    j.layer_frozen_grad_bytes = u.uniform ? (u.layer.frozen + u.layer.nf4) * tb.gradient
+                                          : double(u.blocks.frozen + u.blocks.nf4) * tb.gradient / L;
   // amp: autocast's bf16 copies of fp32 weights (full fine-tuning, or a LoRA base the framework keeps in fp32).
   const bool fp32_weights = setup.method == Method::full || (setup.method == Method::lora && fw.amp_frozen_weight_bytes == 4);
   const bool amp_copies = setup.precision == Precision::amp && fw.autocast_weight_copies && fp32_weights;
@@ -228,10 +298,11 @@ PreparedJob prepare_job(const ModelSpec& model, const HardwareSpec& hw, const Tr
   // Loading holds the weights as they are stored, QLoRA's quantised ones in the compute dtype first
   // (bitsandbytes quantises each weight on its way to the GPU).
   {
-    const StateBytes we = state_bytes(whole.embedding, setup, fw), wl = state_bytes(whole.layer, setup, fw),
-                     wh = state_bytes(whole.head, setup, fw);
-    const UnitParams w_all = whole.embedding + model.num_layers * whole.layer + whole.head;
-    j.model_load_bytes = we.weights + model.num_layers * wl.weights + wh.weights +
+    const StateBytes we = state_bytes(whole.embedding, setup, fw), wh = state_bytes(whole.head, setup, fw);
+    const double blocks_weights = whole.uniform ? model.num_layers * state_bytes(whole.layer, setup, fw).weights
+                                                : state_bytes(whole.blocks, setup, fw).weights;
+    const UnitParams w_all = whole.embedding + whole.blocks + whole.head;
+    j.model_load_bytes = we.weights + blocks_weights + wh.weights +
                          (model.quantized.active() ? 0.0 : double(w_all.nf4) * activation_bytes(setup.precision) - double(w_all.nf4_bytes));
     j.trainable_save_bytes = double(w_all.trainable) * (setup.method == Method::full ? tb.weight : 2.0);
   }
@@ -264,6 +335,14 @@ PreparedJob prepare_job(const ModelSpec& model, const HardwareSpec& hw, const Tr
   const double softcap = setup.loss == Loss::full && !compiled ? double(logit_softcap_bytes(model, 1, setup.memory_seq_len(), setup.precision)) : 0.0;
   j.loss_peak_bytes_per_sample += softcap;
   j.loss_kept_bytes_per_sample += softcap;
+  // A mixture of experts' load-balancing loss, computed after the cross-entropy from every MoE layer's router
+  // logits: what it keeps stays alive through the cross-entropy's backward; its one-hot mask only while computed.
+  if (model.moe.active() && setup.moe.aux_loss.value_or(model.moe.output_router_logits)) {
+    const double kept = double(aux_loss_bytes(model, 1, setup.memory_seq_len(), setup.precision, false));
+    const double transient = double(aux_loss_bytes(model, 1, setup.memory_seq_len(), setup.precision, true)) - kept;
+    j.loss_peak_bytes_per_sample = std::max(j.loss_peak_bytes_per_sample, j.loss_kept_bytes_per_sample + transient) + kept;
+    j.loss_kept_bytes_per_sample += kept;
+  }
   // Vocabulary-parallel loss (Megatron-LM's, torchtitan's loss_parallel): one rank's vocabulary
   // columns, of its context-parallel tokens.
   if (shape.tp * shape.cp > 1) {
@@ -334,16 +413,33 @@ MemoryEstimate estimate_memory(const PreparedJob& job, const Candidate& c, int64
   struct States {
     double w = 0, g = 0, o = 0, temp = 0, host = 0, opt_transient = 0;
   };
-  auto shard_states = [&](double w, double g, double o, double layers, bool first, bool last, double trainable) {
+  // Expert parallelism (torchtitan's dp2ep, torchtitan/distributed/parallel_dims.py): the routed experts of each
+  // block are split over the ep ranks of an expert group (each rank holds num_experts / ep of them, whole), and
+  // whatever the layout shards it shards the experts over the rest of the sharding group, dp_shard x cp / ep
+  // (dp_shard_mod_ep): a sharded state's experts end up / (dp_shard x cp) like the other states, an unsharded
+  // one's / ep. A gathered block holds its other parameters whole and only the rank's own experts.
+  const double E = static_cast<double>(std::max<int64_t>(1, par.ep));
+  const bool ep_split = E > 1 && job.layer_expert_weight_bytes > 0;
+  auto own_experts = [&](double whole, double experts) { return ep_split ? whole - experts + experts / E : whole; };
+  const double layer_compute_own = own_experts(job.layer_compute_bytes, job.layer_expert_compute_bytes);
+  const double layer_grad_own = own_experts(job.layer_grad_bytes, job.layer_expert_grad_bytes);
+  const double layer_weight_own = own_experts(job.layer_weight_bytes, job.layer_expert_weight_bytes);
+  // xw, xg, xo: the experts' bytes among w, g, o (all the rank's blocks), split over the expert group.
+  auto shard_states = [&](double w, double g, double o, double layers, bool first, bool last, double trainable,
+                          double xw = 0, double xg = 0, double xo = 0) {
     States r{w, g, o, double(job.dequant_bytes), 0, job.optimizer_transient_bytes * (trainable / std::max(1.0, double(job.trainable_params)))};
     if (par.pp == 1) r.opt_transient = job.optimizer_transient_bytes;  // the whole model: exactly
+    if (ep_split) {
+      r.w = own_experts(w, xw), r.g = own_experts(g, xg), r.o = own_experts(o, xo);
+      xw /= E, xg /= E, xo /= E;
+    }
     const double grad_bytes_per_elem = tb.gradient;
     const double bucket_elements = fw.zero_bucket_is_hidden_squared ? double(model.hidden_size) * double(model.hidden_size)
                                                                      : fw.zero_reduce_bucket_elements;
     const double bucket = std::min(r.g, bucket_elements * grad_bytes_per_elem) * (fw.zero_overlap_comm_double_buffer ? 2 : 1);
     // Gathered units are in the compute dtype (bf16 under mixed and amp).
     const double emb_c = first ? job.embedding_compute_bytes : 0.0, head_c = last ? job.head_compute_bytes : 0.0;
-    const double layer_c = job.layer_compute_bytes, layer_g = job.layer_grad_bytes + job.layer_frozen_grad_bytes;
+    const double layer_c = layer_compute_own, layer_g = layer_grad_own + job.layer_frozen_grad_bytes;
     const double largest_unit_c = std::max(layer_c, std::max(emb_c, head_c));
     const double host_fp32_grads = 4.0 * trainable;
     const bool fsdp = par.sharding == Sharding::fsdp;
@@ -353,25 +449,30 @@ MemoryEstimate estimate_memory(const PreparedJob& job, const Candidate& c, int64
     const bool unsharded_grads = fsdp && setup.grad_accum > 1 && fw.fsdp_no_sync_unsharded_grads;
     const double w_all = r.w, o_all = r.o;
     const double N = double(shard);
+    // A sharded state over N ranks: the experts (already / ep) over the expert shard group N / ep.
+    const double x_group = std::max(1.0, N / E);
+    auto sharded = [&](double total, double experts) {
+      return ep_split ? (total - experts) / N + experts / x_group : total / N;
+    };
     if (par.sharding == Sharding::none) {
       if (par.grad_group() > 1) r.temp += r.g;  // DDP's buckets copy every gradient (gradient_as_bucket_view=False)
     } else if (par.sharding == Sharding::zero) {
-      if (par.zero_stage >= 1) r.o /= N, r.opt_transient /= N;
-      if (par.zero_stage >= 2) r.g /= N;
+      if (par.zero_stage >= 1) r.o = sharded(r.o, xo), r.opt_transient /= N;
+      if (par.zero_stage >= 2) r.g = sharded(r.g, xg);
       if (par.zero_stage >= 3) {  // the largest gathered unit + the prefetched layer + one layer's full gradients
-        r.w /= N;
+        r.w = sharded(r.w, xw);
         r.temp += largest_unit_c + layer_c + layer_g;
       } else {
         r.temp += bucket;
       }
     } else if (par.reshard_after_forward) {  // FSDP FULL_SHARD: the last unit (norm, lm_head) is not resharded after forward
-      r.w /= N, r.o /= N, r.opt_transient /= N;
-      r.g = unsharded_grads ? r.g : r.g / N;
+      r.w = sharded(r.w, xw), r.o = sharded(r.o, xo), r.opt_transient /= N;
+      r.g = unsharded_grads ? r.g : sharded(r.g, xg);
       r.temp += head_c + 2 * largest_unit_c + (unsharded_grads ? 0 : layer_g);
     } else {  // SHARD_GRAD_OP: parameters stay gathered from forward through backward
       const double gathered = emb_c + layers * layer_c + head_c;
-      r.w = r.w / N + gathered, r.o /= N, r.opt_transient /= N;
-      r.g = unsharded_grads ? r.g : r.g / N;
+      r.w = sharded(r.w, xw) + gathered, r.o = sharded(r.o, xo), r.opt_transient /= N;
+      r.g = unsharded_grads ? r.g : sharded(r.g, xg);
       r.temp += unsharded_grads ? 0 : layer_g;
     }
     if (par.offload_optimizer) {
@@ -464,7 +565,8 @@ MemoryEstimate estimate_memory(const PreparedJob& job, const Candidate& c, int64
       const double recompute = block_full + weight_copy;
       m.logits_loss = to_bytes(std::max(0.0, head_act + head_copy + loss_peak - recompute));
     }
-    States st = shard_states(w, g, o, layers, true, true, double(job.trainable_params));
+    States st = shard_states(w, g, o, layers, true, true, double(job.trainable_params), layers * job.layer_expert_weight_bytes,
+                             layers * job.layer_expert_grad_bytes, layers * job.layer_expert_opt_bytes);
     if (setup.paged_optimizer) {  // bitsandbytes pages optimizer states out to host memory under pressure
       st.host += st.o;
       st.o = 0;
@@ -502,7 +604,8 @@ MemoryEstimate estimate_memory(const PreparedJob& job, const Candidate& c, int64
   // Loading: the weights arrive before any gradient or optimizer state. A sharded strategy holds its
   // shard plus one unit being sharded; QLoRA quantises one weight at a time from the load dtype.
   const bool sharded = par.shards_params() && par.reshard_after_forward;
-  const double unit_load = std::max({job.layer_weight_bytes, job.embedding_weight_bytes, job.head_weight_bytes});
+  // A MoE block as the largest unit: whole without expert parallelism, its own experts only with it.
+  const double unit_load = std::max({layer_weight_own, job.embedding_weight_bytes, job.head_weight_bytes});
   double load_tensors = (sharded ? double(m.weights) + unit_load : double(m.weights));
   if (par.offload_params) load_tensors = unit_load;
   if (setup.method == Method::qlora) load_tensors += job.dequant_bytes;
@@ -575,6 +678,8 @@ std::optional<Parallelism> scaled_layout(const Parallelism& p, int64_t n, const 
     if (dp % q.dp_replicate != 0) return std::nullopt;
     q.dp_shard = dp / q.dp_replicate;
   }
+  // Expert parallelism keeps its degree: it needs as many sharded data-parallel ranks.
+  if (q.ep > 1 && (q.dp_shard * q.cp) % q.ep != 0) return std::nullopt;
   return q;
 }
 
@@ -659,6 +764,33 @@ std::vector<std::string> memory_assumptions(const ModelSpec& model, const Hardwa
                     ", rank " + std::to_string(setup.lora.rank) + " on " + std::to_string(setup.lora.targets.size()) +
                     " module(s) per block");
   for (const auto& note : model.notes) lines.push_back("model: " + note);
+  if (model.moe.active()) {
+    std::ostringstream moe;
+    const bool aux = setup.moe.aux_loss.value_or(model.moe.output_router_logits);
+    moe << "experts: ";
+    if (setup.moe.capacity_factor)
+      moe << "capacity-limited routing, every expert padded to " << format_fixed(*setup.moe.capacity_factor, 2)
+          << " x its balanced tokens";
+    else
+      moe << "dropless routing, the busiest expert-parallel rank receiving " << format_fixed(setup.moe.imbalance_factor, 2)
+          << " x the balanced tokens" << (setup.given.count("moe.imbalance_factor") ? "" : " (balanced: --moe-imbalance-factor)");
+    moe << "; each block keeps the router's fp32 softmax and top-k, the dispatched tokens' expert activations and "
+           "the combined outputs; load-balancing loss "
+        << (aux ? "on" : "off") << (setup.moe.aux_loss ? " (--moe-aux-loss)" : " (the config's output_router_logits)")
+        << "; expert parallelism (ep in --parallel) holds num_experts / ep experts per rank: their weights, "
+           "gradients and optimizer states / ep, sharded further over dp_shard x cp / ep where the layout shards";
+    if (setup.method != Method::full) {
+      bool on_experts = false;
+      for (const auto& lin : block_linears(model))
+        if (is_expert_role(lin.role) &&
+            std::find(setup.lora.targets.begin(), setup.lora.targets.end(), lin.name) != setup.lora.targets.end())
+          on_experts = true;
+      moe << "; LoRA " << (on_experts ? "on the experts too (one adapter per expert)" : "on attention (and dense) linears only, the experts frozen");
+    }
+    if (!model.moe.uniform())
+      moe << "; dense and MoE blocks differ: per-unit terms (a gathered block, one block's activations) use the mean block";
+    lines.push_back(moe.str());
+  }
   if (setup.method == Method::qlora && model.quantized.active())
     lines.push_back("LoRA on a quantized base: block linears as stored (" + model.quantized.describe() + "), the rest " +
                     (fw.fp32_upcast_unquantized ? "upcast to fp32" : "in bf16"));

@@ -71,15 +71,18 @@ struct MemoryEstimate {
   std::string reason;                // why it does not fit, or "" when it does
 };
 
-// How one rank's share of the model is cut by tensor and context parallelism: what a PreparedJob is
-// computed for (every layout with the same shape shares it).
+// How one rank's share of the model is cut by tensor, context and expert parallelism: what a PreparedJob
+// is computed for (every layout with the same shape shares it).
 struct ShardShape {
   int64_t tp = 1;
   bool sequence_parallel = false;
   int64_t cp = 1;
-  bool operator==(const ShardShape& o) const { return tp == o.tp && sequence_parallel == o.sequence_parallel && cp == o.cp; }
+  int64_t ep = 1;  // expert parallel: the routed experts split over ep ranks (their tokens dispatched by all-to-all)
+  bool operator==(const ShardShape& o) const {
+    return tp == o.tp && sequence_parallel == o.sequence_parallel && cp == o.cp && ep == o.ep;
+  }
   bool operator<(const ShardShape& o) const {
-    return tp != o.tp ? tp < o.tp : cp != o.cp ? cp < o.cp : sequence_parallel < o.sequence_parallel;
+    return tp != o.tp ? tp < o.tp : cp != o.cp ? cp < o.cp : ep != o.ep ? ep < o.ep : sequence_parallel < o.sequence_parallel;
   }
 };
 ShardShape shard_shape(const Parallelism& parallel);
@@ -96,6 +99,11 @@ struct PreparedJob {
   double embedding_compute_bytes = 0, layer_compute_bytes = 0, head_compute_bytes = 0;  // gathered (compute dtype)
   double embedding_grad_bytes = 0, layer_grad_bytes = 0, head_grad_bytes = 0;
   double embedding_opt_bytes = 0, layer_opt_bytes = 0, head_opt_bytes = 0;
+  // The routed experts' share of the block bytes above (mean per block; 0 for dense models): expert
+  // parallelism splits them over the ep ranks of an expert group.
+  double layer_expert_weight_bytes = 0, layer_expert_compute_bytes = 0, layer_expert_grad_bytes = 0,
+         layer_expert_opt_bytes = 0;
+  int64_t expert_trainable_params = 0;    // the routed experts' trainable parameters (all blocks)
   double layer_frozen_grad_bytes = 0;     // FSDP-1 units mixing frozen and trainable: the frozen part's gradients
   double tied_head_weight_bytes = 0;      // pipelines: the tied embedding duplicated on the last stage
   double layer_weight_copy_bytes = 0;     // amp: the bf16 copies of one block's linear weights saved for backward

@@ -54,7 +54,7 @@ nlohmann::json model_json(const ModelSpec& model, const TrainableParams& p) {
   return {{"name", model.name},
           {"model_type", model.model_type},
           {"params_total", p.total},
-          {"params_active", p.total},  // dense: every parameter runs for every token
+          {"params_active", counts.active},  // dense: every parameter runs for every token (= params_total)
           {"params_vision", counts.vision},
           {"params_trainable", p.trainable},
           {"params_frozen", p.frozen},
@@ -72,6 +72,15 @@ nlohmann::json model_json(const ModelSpec& model, const TrainableParams& p) {
                                                                        {"group_size", model.quantized.group_size},
                                                                        {"bytes_per_weight", model.quantized.bytes_per_weight}}
                                                     : nlohmann::json(nullptr)},
+          {"moe", model.moe.active() ? nlohmann::json{{"num_experts", model.moe.num_experts},
+                                                       {"top_k", model.moe.top_k},
+                                                       {"expert_intermediate_size", model.moe.expert_intermediate_size},
+                                                       {"shared_intermediate_size", model.moe.shared_intermediate_size},
+                                                       {"moe_layers", counts.moe_layers},
+                                                       {"params_per_expert", counts.one_expert},
+                                                       {"params_routed_experts", counts.moe_layers * counts.experts},
+                                                       {"router_aux_loss_coef", model.moe.aux_loss_coef}}
+                                     : nlohmann::json(nullptr)},
           {"notes", model.notes}};
 }
 
@@ -109,8 +118,9 @@ nlohmann::json memory_report_json(const MemoryReport& r) {
 
 std::string memory_report_table(const MemoryReport& r) {
   std::ostringstream out;
-  out << r.model.name << " (" << format_count(r.params.total) << " params, " << format_count(r.params.trainable)
-      << " trainable), " << to_string(r.setup.method) << ", " << r.setup.num_gpus << "x " << r.hardware.name
+  out << r.model.name << " (" << format_count(r.params.total) << " params, "
+      << (r.model.moe.active() ? format_count(count_params(r.model).active) + " active, " : std::string())
+      << format_count(r.params.trainable) << " trainable), " << to_string(r.setup.method) << ", " << r.setup.num_gpus << "x " << r.hardware.name
       << ", seq " << r.setup.seq_len << ", micro-batch " << r.candidate.micro_batch << ", checkpointing "
       << to_string(r.candidate.checkpointing) << ", " << to_string(r.candidate.attention) << " attention\n";
   out << "memory per GPU, GiB (2^30 bytes)\n\n";

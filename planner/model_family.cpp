@@ -124,6 +124,115 @@ std::vector<ModelFamily> make_table() {
     f.default_lora_targets = {};
     t.push_back(f);
   }
+  {  // models/mixtral/modeling_mixtral.py: MixtralAttention as Mistral's (sliding_window on every layer, null: none);
+     // MixtralSparseMoeBlock: gate = nn.Linear(hidden, num_local_experts, bias=False), experts MixtralBlockSparseTop2MLP
+     // w1, w3 = Linear(hidden, intermediate_size), w2 = Linear(intermediate_size, hidden), no biases; top
+     // num_experts_per_tok of the softmax; router_jitter_noise multiplies the input by noise in training.
+    ModelFamily f = llama_block("mixtral", "transformers models/mixtral/modeling_mixtral.py");
+    f.keys = {"hidden_act", "sliding_window", "num_local_experts", "num_experts_per_tok", "router_aux_loss_coef",
+              "router_jitter_noise"};
+    f.sliding = SlidingLayers::all;
+    f.moe.experts_key = "num_local_experts";
+    f.moe.expert_size_key = "intermediate_size";
+    f.moe.expert_names = {"w1", "w3", "w2"};
+    t.push_back(f);
+  }
+  {  // models/qwen2_moe/modeling_qwen2_moe.py: Qwen2's attention (q,k,v biases); Qwen2MoeSparseMoeBlock: gate =
+     // Linear(hidden, num_experts, bias=False), experts Qwen2MoeMLP(moe_intermediate_size), shared_expert
+     // Qwen2MoeMLP(shared_expert_intermediate_size), shared_expert_gate = Linear(hidden, 1, bias=False); a layer is
+     // sparse when it is not in mlp_only_layers and (layer_idx + 1) % decoder_sparse_step == 0, else
+     // Qwen2MoeMLP(intermediate_size).
+    ModelFamily f = llama_block("qwen2_moe", "transformers models/qwen2_moe/modeling_qwen2_moe.py, configuration_qwen2_moe.py");
+    f.keys = {"hidden_act", "use_sliding_window", "sliding_window", "max_window_layers", "layer_types", "num_experts",
+              "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size", "decoder_sparse_step",
+              "mlp_only_layers", "norm_topk_prob", "router_aux_loss_coef"};
+    f.qkv_bias_always = true;
+    f.sliding = SlidingLayers::from_max_window;
+    f.default_max_window_layers = 28;
+    f.moe.experts_key = "num_experts";
+    f.moe.shared_key = "shared_expert_intermediate_size";
+    f.moe.shared_expert_gate = true;
+    f.moe.layers = MoeLayers::sparse_step;
+    t.push_back(f);
+  }
+  {  // models/qwen3_moe/modeling_qwen3_moe.py: Qwen3's attention (per-head q/k RMSNorms); Qwen3MoeSparseMoeBlock:
+     // gate = Linear(hidden, num_experts, bias=False), experts Qwen3MoeMLP(moe_intermediate_size), no shared expert;
+     // Qwen2-MoE's rule for sparse layers (decoder_sparse_step, mlp_only_layers).
+    ModelFamily f = llama_block("qwen3_moe", "transformers models/qwen3_moe/modeling_qwen3_moe.py, configuration_qwen3_moe.py");
+    f.keys = {"hidden_act", "attention_bias", "use_sliding_window", "sliding_window", "max_window_layers", "layer_types",
+              "num_experts", "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step", "mlp_only_layers",
+              "norm_topk_prob", "router_aux_loss_coef"};
+    f.qk_norm = QkNorm::per_head;
+    f.sliding = SlidingLayers::from_max_window;
+    f.default_max_window_layers = 28;
+    f.moe.experts_key = "num_experts";
+    f.moe.layers = MoeLayers::sparse_step;
+    t.push_back(f);
+  }
+  {  // models/gpt_oss/modeling_gpt_oss.py: GptOssAttention q,k,v,o with bias=config.attention_bias and sinks =
+     // Parameter(num_attention_heads); sliding window on layer_types' "sliding_attention" layers (the config's default
+     // alternates, even layers local); GptOssTopKRouter weight [num_local_experts, hidden] + bias; GptOssExperts as
+     // 3D parameters gate_up_proj [E, hidden, 2 x intermediate_size] + gate_up_proj_bias, down_proj
+     // [E, intermediate_size, hidden] + down_proj_bias; the checkpoint stores the experts in mxfp4
+     // (quantization_config). PEFT has no default target for gpt_oss.
+    ModelFamily f = llama_block("gpt_oss", "transformers models/gpt_oss/modeling_gpt_oss.py, configuration_gpt_oss.py");
+    f.keys = {"hidden_act", "attention_bias", "num_local_experts", "num_experts_per_tok", "experts_per_token",
+              "sliding_window", "layer_types", "swiglu_limit", "initial_context_length", "router_aux_loss_coef"};
+    f.sliding = SlidingLayers::every_other;
+    f.attention_sinks = true;
+    f.default_lora_targets = {};
+    f.moe.experts_key = "num_local_experts";
+    f.moe.expert_size_key = "intermediate_size";
+    f.moe.expert_names = {"gate_up_proj", "down_proj"};
+    f.moe.router_name = "router";
+    f.moe.router_module = false;
+    f.moe.router_bias = true;
+    f.moe.expert_bias = true;
+    f.moe.fused_expert_params = true;
+    t.push_back(f);
+  }
+  {  // models/deepseek_v2/modeling_deepseek_v2.py (the hub's modeling_deepseek.py alike): DeepseekV2Attention, multi-head
+     // latent attention: q_proj = Linear(hidden, heads x (qk_nope + qk_rope)) when q_lora_rank is null, else q_a_proj
+     // (hidden -> q_lora_rank), q_a_layernorm, q_b_proj; kv_a_proj_with_mqa (hidden -> kv_lora_rank + qk_rope),
+     // kv_a_layernorm(kv_lora_rank), kv_b_proj (kv_lora_rank -> heads x (qk_nope + v_head_dim)), o_proj
+     // (heads x v_head_dim -> hidden); DeepseekV2MoE: MoEGate weight [n_routed_experts, hidden] (a bare parameter),
+     // experts DeepseekV2MLP(moe_intermediate_size), shared_experts DeepseekV2MLP(moe_intermediate_size x
+     // n_shared_experts); MoE on layers >= first_k_dense_replace with layer_idx % moe_layer_freq == 0, the dense MLP
+     // (intermediate_size) elsewhere. PEFT has no default target for deepseek_v2.
+    ModelFamily f = llama_block("deepseek_v2", "transformers models/deepseek_v2/modeling_deepseek_v2.py");
+    f.keys = {"hidden_act", "attention_bias", "mlp_bias", "pretraining_tp", "n_routed_experts", "n_shared_experts",
+              "num_experts_per_tok", "moe_intermediate_size", "first_k_dense_replace", "moe_layer_freq", "q_lora_rank",
+              "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "aux_loss_alpha", "seq_aux",
+              "norm_topk_prob", "routed_scaling_factor", "scoring_func", "topk_method", "n_group", "topk_group",
+              "ep_size"};
+    f.mla = true;
+    f.default_lora_targets = {};
+    f.moe.experts_key = "n_routed_experts";
+    f.moe.shared_key = "n_shared_experts";
+    f.moe.layers = MoeLayers::first_k_dense;
+    f.moe.router_module = false;
+    f.moe.aux_coef_key = "aux_loss_alpha";
+    t.push_back(f);
+  }
+  {  // models/deepseek_v3/modeling_deepseek_v3.py: DeepSeek-V2's block; DeepseekV3TopkRouter adds
+     // e_score_correction_bias [n_routed_experts] (the noaux_tc balancing bias, updated outside the gradient);
+     // the multi-token-prediction layers (num_nextn_predict_layers) are not part of DeepseekV3ForCausalLM.
+    ModelFamily f = llama_block("deepseek_v3", "transformers models/deepseek_v3/modeling_deepseek_v3.py");
+    f.keys = {"hidden_act", "attention_bias", "mlp_bias", "pretraining_tp", "n_routed_experts", "n_shared_experts",
+              "num_experts_per_tok", "moe_intermediate_size", "first_k_dense_replace", "moe_layer_freq", "q_lora_rank",
+              "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "aux_loss_alpha", "seq_aux",
+              "norm_topk_prob", "routed_scaling_factor", "scoring_func", "topk_method", "n_group", "topk_group",
+              "ep_size", "num_nextn_predict_layers", "rope_interleave"};
+    f.mla = true;
+    f.default_lora_targets = {};
+    f.moe.experts_key = "n_routed_experts";
+    f.moe.shared_key = "n_shared_experts";
+    f.moe.layers = MoeLayers::first_k_dense;
+    f.moe.router_module = false;
+    f.moe.router_score_bias = true;
+    f.moe.aux_coef_key = "aux_loss_alpha";
+    t.push_back(f);
+  }
   return t;
 }
 
@@ -168,7 +277,8 @@ bool is_metadata_key(const std::string& key) {
 bool is_mixture_or_mla_key(const std::string& key) {
   static const std::vector<std::string> keys{"num_local_experts", "num_experts",  "moe_intermediate_size",
                                              "n_routed_experts",  "q_lora_rank",  "kv_lora_rank",
-                                             "num_experts_per_tok", "n_shared_experts"};
+                                             "num_experts_per_tok", "n_shared_experts", "shared_expert_intermediate_size",
+                                             "experts_per_token", "first_k_dense_replace", "decoder_sparse_step"};
   return std::find(keys.begin(), keys.end(), key) != keys.end();
 }
 

@@ -19,6 +19,19 @@
 //                on every layer; Phi-3 and Phi-4 both
 //   olmo2        no pre-norms: RMSNorm after attention and after the MLP; q/k RMSNorms over the whole
 //                projection (RMSNorm(heads·head_dim), RMSNorm(kv_heads·head_dim))
+// Mixtures of experts (MoeFamily: which keys give the experts, what a MoE block holds):
+//   mixtral      mistral's attention; every MLP a router (gate) over num_local_experts experts w1, w3, w2 of
+//                intermediate_size, num_experts_per_tok per token
+//   qwen2_moe    qwen2's attention; experts of moe_intermediate_size + a shared expert of
+//                shared_expert_intermediate_size scaled by sigmoid(shared_expert_gate); MoE on layers with
+//                (i + 1) % decoder_sparse_step == 0 outside mlp_only_layers, the dense MLP elsewhere
+//   qwen3_moe    qwen3's attention (q/k norms); experts of moe_intermediate_size, no shared expert
+//   gpt_oss      q,k,v,o with biases, a sink logit per head, sliding window on layer_types; a router with a
+//                bias; experts as fused 3D parameters gate_up_proj/down_proj with biases (mxfp4 in the checkpoint)
+//   deepseek_v2  multi-head latent attention; n_routed_experts of moe_intermediate_size + n_shared_experts
+//                shared ones (one MLP of n_shared x moe_intermediate_size); dense MLP on layers before
+//                first_k_dense_replace and off moe_layer_freq
+//   deepseek_v3  deepseek_v2 + the router's score-correction bias (topk_method noaux_tc)
 #pragma once
 
 #include <string>
@@ -36,6 +49,32 @@ enum class SlidingLayers {
   from_max_window,  // layers >= max_window_layers, when use_sliding_window is true (Qwen2, Qwen3)
   every_other,      // layers 0, 2, 4, ...: is_sliding = not bool(layer_idx % 2) (Gemma 2)
   pattern,          // all but every sliding_window_pattern-th: bool((layer_idx + 1) % pattern) (Gemma 3)
+};
+
+// Which layers hold the MoE block (the others the dense MLP of intermediate_size).
+enum class MoeLayers {
+  all,            // every layer (Mixtral, gpt-oss)
+  sparse_step,    // (i + 1) % decoder_sparse_step == 0 and i not in mlp_only_layers (Qwen2-MoE, Qwen3-MoE)
+  first_k_dense,  // i >= first_k_dense_replace and i % moe_layer_freq == 0 (DeepSeek-V2/V3)
+};
+
+// A mixture-of-experts family: the keys that give its experts and what its MoE block holds
+// (planner/model_spec.h MoeSpec). experts_key empty: a dense family.
+struct MoeFamily {
+  std::string experts_key;          // "num_local_experts" (Mixtral, gpt-oss), "num_experts" (Qwen-MoE), "n_routed_experts"
+  std::string expert_size_key = "moe_intermediate_size";  // or "intermediate_size" (Mixtral, gpt-oss)
+  std::string shared_key;           // "shared_expert_intermediate_size" (its width), "n_shared_experts" (count x expert width)
+  bool shared_expert_gate = false;  // Qwen2-MoE's sigmoid gate on the shared expert
+  MoeLayers layers = MoeLayers::all;
+  std::vector<std::string> expert_names{"gate_proj", "up_proj", "down_proj"};  // Mixtral: w1, w3, w2; gpt-oss: gate_up_proj, down_proj
+  std::string router_name = "gate"; // gpt-oss: "router"
+  bool router_module = true;        // the router is an nn.Linear (false: DeepSeek's MoEGate, gpt-oss's router)
+  bool router_bias = false;         // gpt-oss
+  bool router_score_bias = false;   // DeepSeek-V3: e_score_correction_bias
+  bool expert_bias = false;         // gpt-oss
+  bool fused_expert_params = false; // gpt-oss: experts are 3D nn.Parameters, not nn.Linear
+  std::string aux_coef_key = "router_aux_loss_coef";  // DeepSeek: aux_loss_alpha
+  bool active() const { return !experts_key.empty(); }
 };
 
 struct ModelFamily {
@@ -56,6 +95,9 @@ struct ModelFamily {
   bool scaled_embedding = false;
   bool softcapping = false;          // reads attn_logit_softcapping and final_logit_softcapping
   SlidingLayers sliding = SlidingLayers::none;
+  MoeFamily moe;                     // mixture of experts; moe.active() false for dense families
+  bool mla = false;                  // multi-head latent attention (DeepSeek): q_lora_rank, kv_lora_rank, qk_*_head_dim, v_head_dim
+  bool attention_sinks = false;      // gpt-oss: a learned sink logit per head
   int64_t default_max_window_layers = 0;  // Qwen2/3: the config class's default, 28
   std::vector<std::string> default_lora_targets;  // PEFT's TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING
                                                   // (peft src/peft/utils/constants.py); empty: none
@@ -76,8 +118,8 @@ std::string model_family_list();
 // defaults): ignored. True for `key`.
 bool is_metadata_key(const std::string& key);
 
-// Keys that would change the architecture in ways these rows do not describe (experts, MLA):
-// refused with a message saying so, before the unknown-key check.
+// Keys of experts and latent attention: on a dense family's config they are refused with a message
+// naming the key and the families that read them, before the unknown-key check.
 bool is_mixture_or_mla_key(const std::string& key);
 
 }  // namespace ftplan

@@ -42,8 +42,11 @@ RopeScaling read_rope_scaling(const nlohmann::json& rope, const std::string& whe
 // family, nor metadata, nor in the family's row: all of them named at once.
 void check_keys(const nlohmann::json& c, const ModelFamily& f, const std::string& where, bool decoder = true) {
   for (auto it = c.begin(); it != c.end(); ++it)
-    if (is_mixture_or_mla_key(it.key()) && !it->is_null() && !(it->is_number() && it->get<double>() == 0))
-      fail_input(where + ": " + it.key() + ": mixture-of-experts and MLA models are not supported");
+    if (!f.moe.active() && !f.mla && is_mixture_or_mla_key(it.key()) && !it->is_null() &&
+        !(it->is_number() && it->get<double>() == 0))
+      fail_input(where + ": " + it.key() + ": experts and latent attention are not supported on model_type '" +
+                 f.model_type + "', a dense family (they are read for mixtral, qwen2_moe, qwen3_moe, gpt_oss, "
+                 "deepseek_v2, deepseek_v3)");
   std::string unknown;
   for (auto it = c.begin(); it != c.end(); ++it) {
     const std::string& k = it.key();
@@ -117,6 +120,82 @@ void read_sliding_window(const nlohmann::json& c, const ModelFamily& f, const st
   m.sliding_layers = local;
 }
 
+// A list of layer indices (mlp_only_layers), each in [0, layers).
+std::vector<int64_t> read_layer_list(const nlohmann::json& c, const char* key, int64_t layers, const std::string& where) {
+  std::vector<int64_t> out;
+  if (!has_field(c, key)) return out;
+  const auto& v = c.at(key);
+  if (!v.is_array()) fail_input(where + ": " + key + ": expected a list of layer indices, got " + v.dump());
+  for (const auto& x : v) {
+    if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() >= layers)
+      fail_input(where + ": " + key + ": " + x.dump() + " is not a layer index in [0, " + std::to_string(layers) + ")");
+    out.push_back(x.get<int64_t>());
+  }
+  return out;
+}
+
+// The experts of a MoE family (its MoeFamily row) and which layers hold them.
+void read_moe(const nlohmann::json& c, const ModelFamily& f, const std::string& where, ModelSpec& m) {
+  const MoeFamily& row = f.moe;
+  MoeSpec& e = m.moe;
+  e.num_experts = read_int(c, row.experts_key.c_str(), where, 1, 1'000'000);
+  e.top_k = read_int(c, "num_experts_per_tok", where, 1, 1'000'000);
+  if (e.top_k > e.num_experts)
+    fail_input(where + ": num_experts_per_tok: " + std::to_string(e.top_k) + " exceeds " + row.experts_key + " " +
+               std::to_string(e.num_experts));
+  if (has_field(c, "experts_per_token") && read_int(c, "experts_per_token", where, 1, 1'000'000) != e.top_k)
+    fail_input(where + ": experts_per_token: differs from num_experts_per_tok " + std::to_string(e.top_k));
+  e.expert_intermediate_size = read_int(c, row.expert_size_key.c_str(), where, 1, 10'000'000);
+  if (row.shared_key == "shared_expert_intermediate_size")
+    e.shared_intermediate_size = read_int_or(c, "shared_expert_intermediate_size", 0, where, 0, 10'000'000);
+  else if (row.shared_key == "n_shared_experts")  // DeepSeek: one MLP of n_shared_experts x moe_intermediate_size
+    e.shared_intermediate_size = read_int_or(c, "n_shared_experts", 0, where, 0, 1024) * e.expert_intermediate_size;
+  e.shared_expert_gate = row.shared_expert_gate && e.shared_intermediate_size > 0;
+  e.router_name = row.router_name;
+  e.router_module = row.router_module;
+  e.router_bias = row.router_bias;
+  e.router_score_bias = row.router_score_bias;
+  e.expert_bias = row.expert_bias;
+  e.fused_expert_params = row.fused_expert_params;
+  e.expert_names = row.expert_names;
+  e.aux_loss_coef = read_number_or(c, row.aux_coef_key.c_str(), 0.0, where, 0.0, 1e6);
+  e.output_router_logits = read_bool_or(c, "output_router_logits", false, where);
+  if (read_number_or(c, "router_jitter_noise", 0.0, where, 0.0, 1e6) != 0.0)
+    fail_input(where + ": router_jitter_noise: multiplicative router noise in training is not modelled (published "
+               "configs set 0.0)");
+  const int64_t L = m.num_layers;
+  e.moe_layers.assign(static_cast<size_t>(L), true);
+  if (row.layers == MoeLayers::sparse_step) {
+    const int64_t step = read_int_or(c, "decoder_sparse_step", 1, where, 1, 100'000);
+    const std::vector<int64_t> dense = read_layer_list(c, "mlp_only_layers", L, where);
+    for (int64_t i = 0; i < L; ++i)
+      e.moe_layers[size_t(i)] = std::find(dense.begin(), dense.end(), i) == dense.end() && (i + 1) % step == 0;
+  } else if (row.layers == MoeLayers::first_k_dense) {
+    const int64_t first = read_int_or(c, "first_k_dense_replace", 0, where, 0, L);
+    const int64_t freq = read_int_or(c, "moe_layer_freq", 1, where, 1, 100'000);
+    for (int64_t i = 0; i < L; ++i) e.moe_layers[size_t(i)] = i >= first && i % freq == 0;
+  }
+  if (e.num_moe_layers() == 0)
+    fail_input(where + ": " + row.experts_key + ": no layer holds the experts (check decoder_sparse_step, "
+               "mlp_only_layers, first_k_dense_replace, moe_layer_freq)");
+}
+
+// Multi-head latent attention (DeepSeek): the ranks and per-head dims.
+void read_mla(const nlohmann::json& c, const std::string& where, ModelSpec& m) {
+  m.mla.kv_lora_rank = read_int(c, "kv_lora_rank", where, 1, 1'000'000);
+  m.mla.q_lora_rank = read_int_or(c, "q_lora_rank", 0, where, 1, 1'000'000);  // null: a plain q_proj
+  m.mla.qk_nope_head_dim = read_int(c, "qk_nope_head_dim", where, 1, 100'000);
+  m.mla.qk_rope_head_dim = read_int(c, "qk_rope_head_dim", where, 1, 100'000);
+  m.v_head_dim = read_int(c, "v_head_dim", where, 1, 100'000);
+  // Every head has its own decompressed key and value: as many KV heads as query heads (num_key_value_heads
+  // is not read by the attention; transformers 5's head_dim is the RoPE part).
+  m.head_dim = m.mla.qk_nope_head_dim + m.mla.qk_rope_head_dim;
+  m.num_kv_heads = m.num_heads;
+  if (m.qkv_bias || m.o_bias)
+    fail_input(where + ": attention_bias: true on latent attention (q_a_proj, kv_a_proj_with_mqa, o_proj biases) "
+               "is not modelled (published configs set false)");
+}
+
 // One decoder's architecture from its config object (a model's config, or a wrapper's text_config).
 void read_decoder(const nlohmann::json& config, const ModelFamily& f, const std::string& where, ModelSpec& m) {
   check_keys(config, f, where);
@@ -184,6 +263,9 @@ void read_decoder(const nlohmann::json& config, const ModelFamily& f, const std:
   }
   if (has_field(c, "rope_scaling")) m.rope_scaling = read_rope_scaling(c.at("rope_scaling"), where + ": rope_scaling");
   read_sliding_window(c, f, where, m);
+  m.attention_sinks = f.attention_sinks;
+  if (f.mla) read_mla(c, where, m);
+  if (f.moe.active()) read_moe(c, f, where, m);
 }
 
 // A SigLIP vision tower (transformers models/siglip/modeling_siglip.py: SiglipVisionEmbeddings' patch
@@ -272,11 +354,29 @@ ModelSpec model_spec_from_json(const nlohmann::json& c, const std::string& name)
   }
 
   if (has_field(c, "quantization_config")) {
-    m.quantized = quantized_base_from_json(c.at("quantization_config"), where);
-    for (const auto& lin : block_linears(m)) m.quantized.modules.push_back(lin.name);
-    m.notes.push_back("quantization_config: block linears stored as " + m.quantized.describe() +
-                      "; full fine-tuning refused");
+    m.quantized = quantized_base_from_json(c.at("quantization_config"), where, m.moe.active());
+    for (const auto& lin : block_linears(m))
+      if (!m.quantized.experts_only || is_expert_role(lin.role)) m.quantized.modules.push_back(lin.name);
+    m.notes.push_back("quantization_config: " + std::string(m.quantized.experts_only ? "the routed experts" : "block linears") +
+                      " stored as " + m.quantized.describe() + "; full fine-tuning refused" +
+                      (m.quantized.method == "mxfp4"
+                           ? " (a run that dequantises on load, as OpenAI's gpt-oss fine-tuning recipe does with "
+                             "Mxfp4Config(dequantize=True), is planned from the config without quantization_config)"
+                           : ""));
   }
+  if (m.moe.active()) {
+    const ParamCounts p = count_params(m);
+    std::string moe = "mixture of experts: " + std::to_string(m.moe.num_experts) + " experts, top " +
+                      std::to_string(m.moe.top_k) + " per token, on " + std::to_string(p.moe_layers) + " of " +
+                      std::to_string(m.num_layers) + " layers";
+    if (m.moe.shared_intermediate_size > 0)
+      moe += ", a shared expert of " + std::to_string(m.moe.shared_intermediate_size);
+    moe += "; " + format_count(p.total) + " parameters, " + format_count(p.active) + " active per token";
+    m.notes.push_back(moe);
+  }
+  if (m.attention_sinks)
+    m.notes.push_back("attention sinks: one learned logit per head joins every softmax (num_heads parameters); fused "
+                      "kernels keep the same tensors");
   if (m.attn_logit_softcapping > 0)
     m.notes.push_back("attention soft-cap " + format_fixed(m.attn_logit_softcapping, 1) +
                       ": eager attention keeps tanh's output (B x heads x S^2) for backward; fused kernels keep none");
@@ -291,7 +391,8 @@ ModelSpec model_spec_from_json(const nlohmann::json& c, const std::string& name)
 
   // Reject sizes whose products would overflow 64-bit counts later (bytes of activations too).
   const double h = static_cast<double>(m.hidden_size);
-  double per_layer = h * (m.q_dim() + 2.0 * m.kv_dim()) + m.q_dim() * h + 3.0 * h * m.intermediate_size;
+  double per_layer = h * (m.q_dim() + 2.0 * m.kv_dim()) + m.q_dim() * h + 3.0 * h * m.intermediate_size +
+                     3.0 * h * double(m.moe.num_experts) * double(m.moe.expert_intermediate_size);
   if (per_layer * m.num_layers + 2.0 * m.vocab_size * h + double(m.vision.total()) > 1e15)
     fail_input(where + ": hidden_size: the model would have over 1e15 parameters");
   return m;
@@ -305,16 +406,59 @@ ModelSpec load_model(const std::string& name_or_path) {
 }
 
 std::vector<LinearShape> block_linears(const ModelSpec& m) {
+  if (!m.moe.active()) return layer_linears(m, false);
+  // The representative MoE block (a MoE model's dense layers, if any, are layer_linears(m, false)).
+  return layer_linears(m, true);
+}
+
+std::vector<LinearShape> layer_linears(const ModelSpec& m, bool moe_layer) {
   const int64_t h = m.hidden_size, i = m.intermediate_size;
+  moe_layer = moe_layer && m.moe.active();
   std::vector<LinearShape> out;
-  if (m.fused_qkv) {
+  if (m.mla.active()) {
+    // Multi-head latent attention (DeepSeek): no biases (attention_bias is refused when true).
+    const int64_t q_all = m.num_heads * m.head_dim;
+    if (m.mla.q_lora_rank > 0) {
+      out.push_back({"q_a_proj", h, m.mla.q_lora_rank, false, LinearRole::attention_in});
+      out.push_back({"q_b_proj", m.mla.q_lora_rank, q_all, false, LinearRole::attention_latent});
+    } else {
+      out.push_back({"q_proj", h, q_all, false, LinearRole::attention_in});
+    }
+    out.push_back({"kv_a_proj_with_mqa", h, m.mla.kv_lora_rank + m.mla.qk_rope_head_dim, false, LinearRole::attention_in});
+    out.push_back({"kv_b_proj", m.mla.kv_lora_rank, m.num_heads * (m.mla.qk_nope_head_dim + m.value_head_dim()), false,
+                   LinearRole::attention_latent});
+    out.push_back({"o_proj", m.attn_out_dim(), h, false, LinearRole::attention_out});
+  } else if (m.fused_qkv) {
     out.push_back({"qkv_proj", h, m.q_dim() + 2 * m.kv_dim(), m.qkv_bias, LinearRole::attention_in});
   } else {
     out.push_back({"q_proj", h, m.q_dim(), m.qkv_bias, LinearRole::attention_in});
     out.push_back({"k_proj", h, m.kv_dim(), m.qkv_bias, LinearRole::attention_in});
     out.push_back({"v_proj", h, m.kv_dim(), m.qkv_bias, LinearRole::attention_in});
   }
-  out.push_back({"o_proj", m.q_dim(), h, m.o_bias, LinearRole::attention_out});
+  if (!m.mla.active()) out.push_back({"o_proj", m.q_dim(), h, m.o_bias, LinearRole::attention_out});
+  if (moe_layer) {
+    // The MoE block: the router, every routed expert (instances = num_experts), the shared expert.
+    const MoeSpec& e = m.moe;
+    const int64_t E = e.num_experts, I = e.expert_intermediate_size;
+    out.push_back({e.router_name, h, E, e.router_bias, LinearRole::router, 1, e.router_module});
+    const bool module = !e.fused_expert_params;
+    if (e.expert_names.size() == 2) {  // a fused gate_up projection (gpt-oss)
+      out.push_back({e.expert_names[0], h, 2 * I, e.expert_bias, LinearRole::expert_in, E, module});
+      out.push_back({e.expert_names[1], I, h, e.expert_bias, LinearRole::expert_out, E, module});
+    } else {
+      out.push_back({e.expert_names[0], h, I, e.expert_bias, LinearRole::expert_in, E, module});
+      out.push_back({e.expert_names[1], h, I, e.expert_bias, LinearRole::expert_in, E, module});
+      out.push_back({e.expert_names[2], I, h, e.expert_bias, LinearRole::expert_out, E, module});
+    }
+    if (e.shared_intermediate_size > 0) {
+      const int64_t s = e.shared_intermediate_size;
+      out.push_back({"gate_proj", h, s, m.mlp_bias, LinearRole::mlp_in});
+      out.push_back({"up_proj", h, s, m.mlp_bias, LinearRole::mlp_in});
+      out.push_back({"down_proj", s, h, m.mlp_bias, LinearRole::mlp_out});
+      if (e.shared_expert_gate) out.push_back({"shared_expert_gate", h, 1, false, LinearRole::router});
+    }
+    return out;
+  }
   if (m.fused_gate_up) {
     out.push_back({"gate_up_proj", h, 2 * i, m.mlp_bias, LinearRole::mlp_in});
   } else {
@@ -324,6 +468,29 @@ std::vector<LinearShape> block_linears(const ModelSpec& m) {
   out.push_back({"down_proj", i, h, m.mlp_bias, LinearRole::mlp_out});
   return out;
 }
+
+std::vector<LinearShape> model_linears(const ModelSpec& m) {
+  std::vector<LinearShape> out;
+  for (bool moe : {false, true}) {
+    if (moe && !m.moe.active()) continue;
+    if (!moe && m.moe.active() && m.moe.uniform()) continue;  // no dense block
+    for (const auto& lin : layer_linears(m, moe)) out.push_back(lin);
+  }
+  return out;
+}
+
+std::vector<std::string> linear_names(const ModelSpec& m) {
+  std::vector<std::string> names;
+  for (const auto& lin : model_linears(m))
+    if (std::find(names.begin(), names.end(), lin.name) == names.end()) names.push_back(lin.name);
+  return names;
+}
+
+int64_t MoeSpec::num_moe_layers() const {
+  return active() ? std::count(moe_layers.begin(), moe_layers.end(), true) : 0;
+}
+
+bool MoeSpec::uniform() const { return !active() || num_moe_layers() == static_cast<int64_t>(moe_layers.size()); }
 
 std::vector<LinearShape> block_linears(const ModelSpec& m, int64_t tp) {
   std::vector<LinearShape> out = block_linears(m);
@@ -347,7 +514,8 @@ std::vector<LinearShape> block_linears(const ModelSpec& m, int64_t tp) {
 }
 
 ParamCounts count_params(const ModelSpec& m, int64_t tp) {
-  if (tp <= 1) return count_params(m);
+  // Tensor parallelism of experts and latent attention is refused (parallelism_problems): whole counts.
+  if (tp <= 1 || m.moe.active() || m.mla.active()) return count_params(m);
   ParamCounts p = count_params(m);
   p.attention = p.mlp = 0;
   for (const auto& lin : block_linears(m, tp)) {
@@ -369,19 +537,35 @@ ParamCounts count_params(const ModelSpec& m) {
   ParamCounts p;
   const int64_t h = m.hidden_size;
   for (const auto& lin : block_linears(m)) {
-    const int64_t n = lin.in_features * lin.out_features + (lin.bias ? lin.out_features : 0);
-    const bool is_mlp = lin.role == LinearRole::mlp_in || lin.role == LinearRole::mlp_out;
-    (is_mlp ? p.mlp : p.attention) += n;
+    const int64_t n = lin.instances * (lin.in_features * lin.out_features + (lin.bias ? lin.out_features : 0));
+    (is_mlp_role(lin.role) ? p.mlp : p.attention) += n;
+    if (lin.role == LinearRole::router && lin.name == m.moe.router_name) p.router += n;
+    if (is_expert_role(lin.role)) p.one_expert += n / lin.instances;
   }
+  if (m.attention_sinks) p.attention += m.num_heads;  // gpt-oss: sinks [num_attention_heads]
+  if (m.moe.router_score_bias) p.router += m.moe.num_experts, p.mlp += m.moe.num_experts;  // e_score_correction_bias
+  p.experts = m.moe.num_experts * p.one_expert;
   p.norms = m.block_norms() * h;
   if (m.qk_norm == QkNorm::per_head) p.norms += 2 * m.head_dim;
   if (m.qk_norm == QkNorm::whole_projection) p.norms += m.q_dim() + m.kv_dim();
+  if (m.mla.active()) p.norms += m.mla.kv_lora_rank + m.mla.q_lora_rank;  // kv_a_layernorm, q_a_layernorm
   p.per_layer = p.attention + p.mlp + p.norms;
+  p.dense_per_layer = p.per_layer;
+  p.moe_layers = m.moe.num_moe_layers();
+  if (m.moe.active() && !m.moe.uniform()) {  // the dense blocks: the same attention and norms, the dense MLP
+    int64_t dense_mlp = 0;
+    for (const auto& lin : layer_linears(m, false))
+      if (is_mlp_role(lin.role)) dense_mlp += lin.in_features * lin.out_features + (lin.bias ? lin.out_features : 0);
+    p.dense_per_layer = p.attention + dense_mlp + p.norms;
+  }
+  p.blocks = m.moe.active() ? p.moe_layers * p.per_layer + (m.num_layers - p.moe_layers) * p.dense_per_layer
+                            : m.num_layers * p.per_layer;
   p.embedding = m.vocab_size * h;
   p.final_norm = h;
   p.lm_head = m.tie_word_embeddings ? 0 : m.vocab_size * h;
   p.vision = m.vision.total();
-  p.total = p.embedding + m.num_layers * p.per_layer + p.final_norm + p.lm_head + p.vision;
+  p.total = p.embedding + p.blocks + p.final_norm + p.lm_head + p.vision;
+  p.active = p.total - p.moe_layers * (m.moe.num_experts - m.moe.top_k) * p.one_expert;
   return p;
 }
 

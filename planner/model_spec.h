@@ -1,8 +1,10 @@
-// Model spec: the architecture of a dense decoder, read from a Hugging Face config.json.
+// Model spec: the architecture of a decoder, read from a Hugging Face config.json.
 // Covers the families of planner/model_family.h: Llama 1/2/3/3.x, Mistral (sliding window), Qwen2,
 // Qwen3 (q/k norms), Gemma 2 and 3 (pre- and post-norms, soft-capping, local/global layers, the
 // Gemma 3 multimodal wrapper's text_config and vision tower), Phi-3/Phi-4 (fused projections),
-// OLMo 2 (post-norms, q/k norms over the whole projection), and a quantised base (quantized_base.h).
+// OLMo 2 (post-norms, q/k norms over the whole projection), the mixtures of experts (Mixtral,
+// Qwen2-MoE, Qwen3-MoE, gpt-oss, DeepSeek-V2/V3 with multi-head latent attention: MoeSpec, MlaSpec),
+// and a quantised base (quantized_base.h).
 // What differs between families is a field here, filled from the family's row; the counting,
 // activation and FLOP code read these fields, never the family name.
 #pragma once
@@ -40,6 +42,48 @@ struct VisionTower {
   int64_t total() const { return tower_params + projector_params; }
 };
 
+// A mixture-of-experts MLP (planner/model_family.h reads it from the family's keys). Each MoE layer's MLP
+// is a router (hidden -> num_experts logits) choosing top_k of num_experts gated MLPs per token, plus the
+// shared experts (DeepSeek, Qwen2-MoE) every token runs; the other layers keep the dense MLP.
+struct MoeSpec {
+  int64_t num_experts = 0;               // routed experts per MoE layer, e.g. 8 (Mixtral-8x7B); 0 = a dense model
+  int64_t top_k = 0;                     // experts each token runs, e.g. 2 (Mixtral), 8 (Qwen3-30B-A3B)
+  int64_t expert_intermediate_size = 0;  // one expert's MLP width, e.g. 14336 (Mixtral), 768 (Qwen3-30B-A3B)
+  int64_t shared_intermediate_size = 0;  // the shared expert MLP's width, e.g. 5632 (Qwen1.5-MoE), 2816
+                                         // (DeepSeek-V2-Lite: 2 shared experts x 1408); 0 = none
+  bool shared_expert_gate = false;       // Qwen2-MoE: the shared expert scaled by sigmoid(Linear(hidden, 1))
+  std::string router_name = "gate";      // the router's module name, e.g. "gate", "router" (gpt-oss)
+  bool router_module = true;             // an nn.Linear (PEFT all-linear, bitsandbytes); false: a bare weight
+                                         // (DeepSeek's MoEGate, gpt-oss's router)
+  bool router_bias = false;              // gpt-oss: the router has a bias
+  bool router_score_bias = false;        // DeepSeek-V3 (topk_method noaux_tc): e_score_correction_bias [num_experts]
+  bool expert_bias = false;              // gpt-oss: every expert's gate_up and down projections carry biases
+  bool fused_expert_params = false;      // gpt-oss: experts are 3D parameters (gate_up_proj, down_proj), not nn.Linear
+  std::vector<std::string> expert_names{"gate_proj", "up_proj", "down_proj"};  // an expert's linears: gate, up,
+                                         // down, e.g. {"w1", "w3", "w2"} (Mixtral), {"gate_up_proj", "down_proj"} (gpt-oss)
+  std::vector<bool> moe_layers;          // per layer: true where the MLP is the MoE block, e.g. DeepSeek-V2-Lite:
+                                         // false, true, true, ... (first_k_dense_replace 1)
+  double aux_loss_coef = 0;              // router_aux_loss_coef (aux_loss_alpha), e.g. 0.02 (Mixtral)
+  bool output_router_logits = false;     // the config's output_router_logits: transformers adds the load-balancing
+                                         // loss in training (the job's moe.aux_loss defaults to it)
+
+  bool active() const { return num_experts > 0; }
+  int64_t num_moe_layers() const;        // e.g. 26 of DeepSeek-V2-Lite's 27
+  bool uniform() const;                  // every layer of the same kind (no dense layers among MoE ones)
+};
+
+// Multi-head latent attention (DeepSeek-V2/V3, transformers models/deepseek_v2/modeling_deepseek_v2.py):
+// queries through a q_lora_rank bottleneck (q_a_proj, q_a_layernorm, q_b_proj) or a plain q_proj; keys and
+// values decompressed from a kv_lora_rank latent (kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj). Queries
+// and keys have qk_nope + qk_rope dims per head (ModelSpec::head_dim), values v_head_dim.
+struct MlaSpec {
+  int64_t q_lora_rank = 0;       // e.g. 1536 (DeepSeek-V3); 0: a plain q_proj (DeepSeek-V2-Lite)
+  int64_t kv_lora_rank = 0;      // e.g. 512; 0 = no latent attention
+  int64_t qk_nope_head_dim = 0;  // e.g. 128
+  int64_t qk_rope_head_dim = 0;  // e.g. 64 (the decoupled RoPE key, shared by the heads)
+  bool active() const { return kv_lora_rank > 0; }
+};
+
 struct ModelSpec {
   std::string name;              // short name or file stem, e.g. "llama-3-8b"
   std::string model_type;        // the decoder's family: "llama", "mistral", "qwen2", "qwen3", "gemma2",
@@ -51,7 +95,8 @@ struct ModelSpec {
   int64_t num_layers = 0;        // e.g. 32
   int64_t num_heads = 0;         // e.g. 32
   int64_t num_kv_heads = 0;      // e.g. 8 (GQA); equals num_heads without GQA
-  int64_t head_dim = 0;          // e.g. 128; hidden_size / num_heads unless given
+  int64_t head_dim = 0;          // e.g. 128; hidden_size / num_heads unless given; MLA: qk_nope + qk_rope, e.g. 192
+  int64_t v_head_dim = 0;        // value dims per head, e.g. 128 (MLA); 0: head_dim
   int64_t max_position_embeddings = 0;
   bool tie_word_embeddings = false;
   bool qkv_bias = false;         // Qwen2: true; Llama attention_bias: true sets q,k,v and o
@@ -78,6 +123,9 @@ struct ModelSpec {
   int64_t sliding_window = 0;          // tokens a local layer attends to, e.g. 4096 (Gemma 2); 0 = none
   std::vector<bool> sliding_layers;    // per layer: true where it attends over sliding_window tokens, e.g.
                                        // Gemma 2: true, false, true, ...; empty = every layer global
+  bool attention_sinks = false;        // gpt-oss: a learned sink logit per head (num_heads parameters)
+  MoeSpec moe;                         // mixture of experts; moe.active() false for dense models
+  MlaSpec mla;                         // multi-head latent attention (DeepSeek)
   VisionTower vision;                  // Gemma 3 wrapper: counted, frozen under LoRA, not run by text batches
   QuantizedBase quantized;             // quantization_config: the block linears as the checkpoint stores them
   std::vector<std::string> default_lora_targets;  // PEFT's default for the family, e.g. {"q_proj", "v_proj"};
@@ -86,6 +134,9 @@ struct ModelSpec {
 
   int64_t q_dim() const { return num_heads * head_dim; }      // q_proj output features
   int64_t kv_dim() const { return num_kv_heads * head_dim; }  // k_proj / v_proj output features
+  int64_t value_head_dim() const { return v_head_dim > 0 ? v_head_dim : head_dim; }
+  int64_t v_dim() const { return num_kv_heads * value_head_dim(); }      // values, e.g. kv_dim()
+  int64_t attn_out_dim() const { return num_heads * value_head_dim(); }  // o_proj input, e.g. q_dim()
   int64_t block_norms() const {                               // hidden-size RMSNorms per block, e.g. 2 or 4
     return int64_t(norm_pre_attention) + norm_post_attention + norm_pre_mlp + norm_post_mlp;
   }
@@ -95,10 +146,18 @@ struct ModelSpec {
 // Parameter counts of the pieces of the model, exact (no rounding).
 struct ParamCounts {
   int64_t embedding = 0;    // vocab_size * hidden_size
-  int64_t per_layer = 0;    // one decoder block: attention + MLP + its norms
-  int64_t attention = 0;    // q,k,v,o (or qkv,o) weights and biases of one block
-  int64_t mlp = 0;          // gate, up, down (or gate_up, down) of one block
-  int64_t norms = 0;        // the block's RMSNorm weights, q/k norms included
+  int64_t per_layer = 0;    // one decoder block: attention + MLP + its norms (a MoE model: one MoE block)
+  int64_t attention = 0;    // q,k,v,o (or qkv,o; MLA's projections) weights and biases of one block, gpt-oss's sinks
+  int64_t mlp = 0;          // gate, up, down (or gate_up, down) of one block; MoE: router + experts + shared expert
+  int64_t norms = 0;        // the block's RMSNorm weights, q/k norms and MLA's latent norms included
+  int64_t router = 0;       // MoE: the router (and DeepSeek-V3's score-correction bias), part of mlp
+  int64_t one_expert = 0;   // MoE: one routed expert's weights and biases
+  int64_t experts = 0;      // MoE: the routed experts of one MoE block (num_experts x one_expert), part of mlp
+  int64_t dense_per_layer = 0;  // a dense block of a MoE model (DeepSeek's first_k_dense_replace layers); = per_layer
+  int64_t moe_layers = 0;   // blocks whose MLP is the MoE block, e.g. 26
+  int64_t blocks = 0;       // every decoder block together: moe_layers x per_layer + the rest x dense_per_layer
+  int64_t active = 0;       // parameters one token runs: total less (num_experts - top_k) experts per MoE block
+                            // (embedding included; = total for dense models)
   int64_t final_norm = 0;   // hidden_size
   int64_t lm_head = 0;      // 0 when tied to the embedding
   int64_t vision = 0;       // a multimodal wrapper's vision tower and projector; 0 for text models
@@ -120,23 +179,44 @@ ParamCounts count_params(const ModelSpec& model);
 
 // What a block linear reads and feeds: the activation model keeps a shared input once per group.
 enum class LinearRole {
-  attention_in,   // q_proj, k_proj, v_proj, qkv_proj: read the attention norm's output
-  attention_out,  // o_proj: reads the attention output
-  mlp_in,         // gate_proj, up_proj, gate_up_proj: read the MLP norm's output
-  mlp_out,        // down_proj: reads the gated product
+  attention_in,      // q_proj, k_proj, v_proj, qkv_proj (MLA: q_proj or q_a_proj, kv_a_proj_with_mqa): read the
+                     // attention norm's output
+  attention_out,     // o_proj: reads the attention output
+  mlp_in,            // gate_proj, up_proj, gate_up_proj: read the MLP norm's output (a MoE block's shared expert too)
+  mlp_out,           // down_proj: reads the gated product
+  attention_latent,  // MLA's q_b_proj, kv_b_proj: read their latent norm's output
+  router,            // a MoE router (and Qwen2-MoE's shared_expert_gate): reads the MLP norm's output
+  expert_in,         // a routed expert's gate/up (gate_up): reads the tokens dispatched to it
+  expert_out,        // a routed expert's down projection
 };
+inline bool is_mlp_role(LinearRole r) {
+  return r == LinearRole::mlp_in || r == LinearRole::mlp_out || r == LinearRole::router || r == LinearRole::expert_in ||
+         r == LinearRole::expert_out;
+}
+inline bool is_expert_role(LinearRole r) { return r == LinearRole::expert_in || r == LinearRole::expert_out; }
 
 // The linear layers of one block, by their Hugging Face module names.
 struct LinearShape {
-  std::string name;      // "q_proj", ..., or Phi-3's "qkv_proj", "gate_up_proj"
+  std::string name;      // "q_proj", ..., or Phi-3's "qkv_proj", "gate_up_proj"; Mixtral's experts "w1", "w3", "w2"
   int64_t in_features;
   int64_t out_features;
   bool bias;
   LinearRole role;
+  int64_t instances = 1;  // copies per block: num_experts for a routed expert's linear, else 1
+  bool module = true;     // an nn.Linear (PEFT all-linear, bitsandbytes quantise it); false: a bare parameter
+                          // (gpt-oss's fused experts and router, DeepSeek's MoEGate)
 };
 // The linear layers of one decoder block in execution order, named as the family's transformers
-// code names them (so LoRA target lists such as "qkv_proj" match): seven for Llama, four for Phi-3.
+// code names them (so LoRA target lists such as "qkv_proj" match): seven for Llama, four for Phi-3;
+// a MoE model's MoE block (attention, router, one entry per expert linear with instances = num_experts,
+// the shared expert).
 std::vector<LinearShape> block_linears(const ModelSpec& model);
+// The linears of a MoE block (moe_layer) or of a dense block; for a dense model both are block_linears.
+std::vector<LinearShape> layer_linears(const ModelSpec& model, bool moe_layer);
+// The linears of every kind of block the model has (a MoE model's dense blocks, then its MoE block).
+std::vector<LinearShape> model_linears(const ModelSpec& model);
+// Every distinct linear name of the model's blocks (dense and MoE), e.g. for all-linear and target checks.
+std::vector<std::string> linear_names(const ModelSpec& model);
 // One tensor-parallel rank's share of them (Megatron-LM, Shoeybi et al. 2019): the column-parallel
 // linears (q, k, v, gate, up and the fused qkv, gate_up) keep out_features / tp outputs and their
 // biases; the row-parallel ones (o, down) in_features / tp inputs, their biases whole. KV heads fewer

@@ -319,7 +319,27 @@ std::vector<std::string> parallelism_problems(const Parallelism& p, const ModelS
                   ": DeepSpeed's pipeline engine runs ZeRO stage 0 or 1 only (deepspeed/runtime/pipe/engine.py: "
                   "\"ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism\"); use shard=fsdp");
   if (p.pp > 1 && (p.offload_optimizer || p.offload_params)) out.push_back("offload with pp > 1 is not modelled");
-  if (p.ep > 1) out.push_back("ep(" + s(p.ep) + "): " + model.name + " has no experts (expert parallelism needs a mixture-of-experts model)");
+  // Expert parallelism borrows its ranks from the sharded data-parallel ones (torchtitan/distributed/parallel_dims.py:
+  // ep % cp == 0 and dp_shard * cp % ep == 0): each ep group splits every MoE block's experts.
+  if (p.ep > 1) {
+    if (!model.moe.active()) {
+      out.push_back("ep(" + s(p.ep) + "): " + model.name + " has no experts (expert parallelism needs a mixture-of-experts model)");
+    } else {
+      if (model.moe.num_experts % p.ep != 0)
+        out.push_back("ep(" + s(p.ep) + ") does not divide num_experts(" + s(model.moe.num_experts) + ") of " + model.name);
+      const int64_t pool = p.dp_shard * p.cp;
+      const std::string pool_text = "dp_shard(" + s(p.dp_shard) + ") * cp(" + s(p.cp) + ")";
+      if (pool % p.ep != 0 || p.ep % p.cp != 0)
+        out.push_back("ep(" + s(p.ep) + ") must divide " + pool_text + " = " + s(pool) + " and be a multiple of cp(" + s(p.cp) +
+                      "): expert parallelism borrows its ranks from the data-parallel ones (torchtitan/distributed/parallel_dims.py)");
+      if (p.pp > 1) out.push_back("ep(" + s(p.ep) + ") with pp(" + s(p.pp) + "): expert parallelism inside pipeline stages is not modelled");
+      if (p.offload_optimizer || p.offload_params) out.push_back("ep(" + s(p.ep) + ") with offload: not modelled");
+    }
+  }
+  // Experts and latent attention are not split by tensor parallelism here (ETP, MLA under TP: not modelled).
+  if (p.tp > 1 && (model.moe.active() || model.mla.active()))
+    out.push_back("tp(" + s(p.tp) + ") on " + model.name + ": tensor parallelism of " +
+                  (model.moe.active() ? "experts" : "latent attention") + " is not modelled (use ep and dp_shard)");
   return out;
 }
 
@@ -348,5 +368,6 @@ GroupPlacement shard_group(const Parallelism& p) { return {p.dp_shard * p.cp, p.
 GroupPlacement replicate_group(const Parallelism& p) { return {p.dp_replicate, p.tp * p.cp * p.dp_shard}; }
 GroupPlacement grad_group(const Parallelism& p) { return {p.dp_replicate * p.dp_shard * p.cp, p.tp}; }
 GroupPlacement pp_group(const Parallelism& p) { return {p.pp, p.tp * p.cp * p.dp_shard * p.dp_replicate}; }
+GroupPlacement ep_group(const Parallelism& p) { return {p.ep, p.tp}; }
 
 }  // namespace ftplan

@@ -13,6 +13,10 @@
 //   dp_replicate  replicas: DDP, or HSDP's replica groups (gradients all-reduced across them)
 //   pp            pipeline stages, `virtual_stages` model chunks each (interleaved 1F1B), over the job's
 //                 grad_accum micro-batches
+//   ep            expert parallel (mixture-of-experts models): ep ranks borrowed from the sharded
+//                 data-parallel ones (dp_shard x cp, as torchtitan's dp2ep) split every MoE block's experts, num_experts / ep whole experts each, the tokens dispatched to them and
+//                 combined back by all-to-all in forward and backward; what the layout shards it shards the
+//                 experts over the rest (dp_shard x cp / ep)
 // plus offload of optimizer states (ZeRO-Offload) and of parameters (ZeRO-Infinity's param offload).
 //
 // The thirteen strategy names are presets over it (`preset`); a description equal to a preset is
@@ -54,7 +58,7 @@ struct Parallelism {
   int64_t pp = 1;
   PipelineSchedule schedule = PipelineSchedule::one_f_one_b;
   int64_t virtual_stages = 1;        // model chunks per stage (interleaved 1F1B), e.g. 2
-  int64_t ep = 1;                    // expert parallel (mixture-of-experts models only)
+  int64_t ep = 1;                    // expert parallel (mixture-of-experts models only): ranks per expert group, e.g. 8
   bool offload_optimizer = false;    // optimizer states and master weights in host memory, Adam on the CPU
   bool offload_params = false;       // parameters in host memory, brought up unit by unit
 
@@ -127,5 +131,6 @@ GroupPlacement shard_group(const Parallelism& p);      // dp_shard x cp (contigu
 GroupPlacement replicate_group(const Parallelism& p);  // dp_replicate
 GroupPlacement grad_group(const Parallelism& p);       // dp_replicate x dp_shard x cp
 GroupPlacement pp_group(const Parallelism& p);
+GroupPlacement ep_group(const Parallelism& p);         // ep ranks of dp_shard x cp (contiguous: stride tp)
 
 }  // namespace ftplan

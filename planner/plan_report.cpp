@@ -60,6 +60,23 @@ std::vector<std::string> step_assumptions(const PlanContext& ctx, const Training
                   "bucket; ZeRO-3/FSDP gathers prefetch behind compute except the first layer's; ZeRO parameter "
                   "all-gather after the optimizer and pipeline sends are exposed");
   lines.push_back("gradient accumulation: DDP and ZeRO-1 reduce once per optimizer step, ZeRO-2/3 and FSDP every micro-batch");
+  const ModelSpec& model = *ctx.memory.model;
+  if (model.moe.active()) {
+    const FrameworkProfile& fw = *ctx.memory.framework;
+    std::ostringstream moe;
+    moe << "mixture of experts: FLOPs from the active parameters (" << model.moe.top_k << " of " << model.moe.num_experts
+        << " experts per token, the router" << (model.moe.shared_intermediate_size ? ", the shared expert" : "") << ")";
+    if (setup.moe.capacity_factor)
+      moe << "; capacity-limited routing: every expert computes its padded capacity (" << format_fixed(*setup.moe.capacity_factor, 2)
+          << " x balanced)";
+    else
+      moe << "; dropless routing: under expert parallelism the busiest rank computes " << format_fixed(setup.moe.imbalance_factor, 2)
+          << " x the balanced tokens" << (setup.given.count("moe.imbalance_factor") ? "" : " (balanced; --moe-imbalance-factor)");
+    moe << "; expert parallelism: an all-to-all dispatch and combine per MoE block, forward and backward, "
+        << (fw.expert_parallel_overlap ? "overlapped with the experts' compute" : "exposed (not overlapped)") << " under "
+        << fw.name << (fw.offers_expert_parallel ? "" : ", which has no expert parallelism");
+    lines.push_back(moe.str());
+  }
   std::ostringstream price;
   price << "price: " << format_fixed(gpu_hour_price_usd(hw, setup), 2) << " USD per GPU-hour";
   if (setup.price_per_gpu_hour)
@@ -126,8 +143,9 @@ std::string plan_report_table(const ModelSpec& model, const HardwareSpec& hw, co
                               const PlanResult& plan) {
   const TrainableParams params = trainable_params(model, setup);
   std::ostringstream out;
-  out << model.name << " (" << format_count(params.total) << " params, " << format_count(params.trainable)
-      << " trainable), " << to_string(setup.method) << ", " << setup.num_gpus << "x " << hw.name << ", seq "
+  out << model.name << " (" << format_count(params.total) << " params, "
+      << (model.moe.active() ? format_count(count_params(model).active) + " active, " : std::string())
+      << format_count(params.trainable) << " trainable), " << to_string(setup.method) << ", " << setup.num_gpus << "x " << hw.name << ", seq "
       << setup.seq_len << ", grad-accum " << setup.grad_accum << ", objective " << to_string(plan.objective) << "\n\n";
   // The strategy column fits the longest name (a composition's, e.g. "tp=2,sp=1,cp=2,dp_shard=8,shard=fsdp").
   int name_w = 20;

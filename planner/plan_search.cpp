@@ -111,6 +111,7 @@ std::string explain_difference(const RankedCandidate& winner, const RankedCandid
       << " s per million tokens";
     if (lp.shards_params() && lp.reshard_after_forward && lp.pp == 1) s << " (parameters all-gathered twice per micro-batch)";
     if (lp.tp > 1) s << " (tp=" << lp.tp << ": activations all-reduced in every block)";
+    if (lp.ep > 1) s << " (ep=" << lp.ep << ": tokens dispatched and combined by all-to-all in every MoE block)";
     if (offloads) s << " (host copies over PCIe)";
   } else if (std::string(biggest.second) == "pipeline bubble") {
     s << "the pipeline bubble idles " << format_fixed(loser.step.bubble_fraction * 100, 0) << "% of each GPU";
@@ -183,6 +184,7 @@ std::vector<Parallelism> composition_layouts(const ModelSpec& model, const Hardw
   if (n < 2) return out;
   const Attention attention = setup.attention.value_or(Attention::fused);
   const bool tp_ok = fw.offers_tensor_parallel && (setup.method == Method::full || fw.tensor_parallel_with_lora);
+  const bool ep_ok = fw.offers_expert_parallel && model.moe.active();
   auto powers = [](int64_t limit) {
     std::vector<int64_t> v;
     for (int64_t d = 1; d <= limit; d *= 2) v.push_back(d);
@@ -244,6 +246,15 @@ std::vector<Parallelism> composition_layouts(const ModelSpec& model, const Hardw
                 p.sharding = sharding == "fsdp" || sharding == "fsdp_shard_grad_op" ? Sharding::fsdp : Sharding::zero;
                 p.zero_stage = sharding == "zero1" ? 1 : sharding == "zero2" ? 2 : 3;
                 p.reshard_after_forward = sharding != "fsdp_shard_grad_op";
+              }
+              // Expert parallelism for a mixture of experts: ep (powers of two) from the data-parallel ranks.
+              if (ep_ok && tp == 1 && pp == 1) {
+                const int64_t pool = p.dp_shard * cp;
+                for (int64_t ep = 2; ep <= pool; ep *= 2) {
+                  Parallelism q = p;
+                  q.ep = ep;
+                  if (parallelism_problems(q, model, setup, n, attention).empty()) out.push_back(q);
+                }
               }
               if (tp == 1 && cp == 1 && pp == 1) continue;  // data parallelism alone: the presets
               if (preset_of(p)) continue;                   // pipelines alone: the presets too

@@ -67,12 +67,14 @@ std::string QuantizedBase::describe() const {
   std::snprintf(bits_text, sizeof bits_text, "%.3g", bytes_per_weight * 8);
   std::string s = method + " " + std::to_string(bits) + "-bit";
   if (method == "bitsandbytes" && bits == 4) s += " " + format + (double_quant ? " with double quantisation" : "");
+  if (method == "mxfp4") s += " e2m1, an e8m0 scale per 32 weights";
   if (method == "gptq" || method == "awq")
     s += group_size > 0 ? ", group " + std::to_string(group_size) : std::string(", one group per input row");
   return s + " (" + bits_text + " bits per weight as stored)";
 }
 
 int64_t quantized_linear_bytes(const QuantizedBase& q, int64_t in, int64_t out) {
+  if (q.method == "mxfp4") return out * ((in + 31) / 32) * 17;  // 16 bytes of e2m1 codes + 1 e8m0 scale per 32
   if (q.method == "bitsandbytes" && q.bits == 4) return nf4_storage_bytes(in * out, q.double_quant);
   if (q.method == "bitsandbytes") return in * out + 4 * out;  // int8 CB + fp32 SCB per output row
   const int64_t g = q.group_size > 0 ? q.group_size : in;
@@ -83,7 +85,7 @@ int64_t quantized_linear_bytes(const QuantizedBase& q, int64_t in, int64_t out) 
   return 2 * in * out;
 }
 
-QuantizedBase quantized_base_from_json(const nlohmann::json& q, const std::string& config_where) {
+QuantizedBase quantized_base_from_json(const nlohmann::json& q, const std::string& config_where, bool has_experts) {
   const std::string where = config_where + ": quantization_config";
   if (!q.is_object()) fail_input(where + ": expected an object");
   QuantizedBase b;
@@ -155,8 +157,22 @@ QuantizedBase quantized_base_from_json(const nlohmann::json& q, const std::strin
       fail_input(where + ".version: '" + b.format + "' is not modelled (gemm: AutoAWQ's WQLinear_GEMM layout)");
     check_skip_list(q, "modules_to_not_convert", where);
   } else if (b.method == "mxfp4") {
-    fail_input(where + ".quant_method: 'mxfp4' quantises the mixture-of-experts weights of gpt-oss (transformers' "
-               "Mxfp4HfQuantizer replaces GptOssExperts only); mixture-of-experts models are not supported yet");
+    if (!has_experts)
+      fail_input(where + ".quant_method: 'mxfp4' quantises the mixture-of-experts weights of gpt-oss (transformers' "
+                 "Mxfp4HfQuantizer replaces GptOssExperts only); this model has no experts");
+    require_keys(q, {"quant_method", "modules_to_not_convert"}, where, b.method);
+    if (has_field(q, "modules_to_not_convert")) {
+      const auto& v = q.at("modules_to_not_convert");
+      if (!v.is_array()) fail_input(where + ".modules_to_not_convert: expected a list of module names, got " + v.dump());
+      for (const auto& m : v)
+        if (!m.is_string() || m.get<std::string>().find("experts") != std::string::npos)
+          fail_input(where + ".modules_to_not_convert: " + m.dump() +
+                     ": leaves experts unquantised: mixed per-module quantisation is not modelled");
+    }
+    b.bits = 4;
+    b.group_size = 32;
+    b.format = "mxfp4";
+    b.experts_only = true;
   } else {
     fail_input(where + ".quant_method: '" + b.method +
                "' is not modelled (bitsandbytes 4/8-bit, gptq, awq); a quantised base is never counted as bf16");

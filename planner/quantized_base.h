@@ -11,6 +11,10 @@
 //               scales fp16 [ceil(in/g), out], g_idx int32 [in]; g = in when group_size is -1
 //   AWQ (AutoAWQ WQLinear_GEMM, awq/modules/linear/gemm.py at 030fe2a1): qweight int32
 //               [in, out·bits/32], qzeros int32 [in/g, out·bits/32], scales fp16 [in/g, out]
+//   mxfp4 (gpt-oss; transformers integrations/mxfp4.py, Mxfp4HfQuantizer): the routed experts only, each
+//               weight as *_blocks uint8 [out, in/32, 16] (two e2m1 codes per byte) + *_scales uint8
+//               [out, in/32] (one e8m0 exponent per 32 weights): 4.25 bits per weight; the expert biases,
+//               attention, router, embedding and head stay bf16 (modules_to_not_convert)
 // A bias stays in the model's dtype (it is counted with the frozen weights).
 #pragma once
 
@@ -31,15 +35,17 @@ struct QuantizedBase {
   std::string format;         // "nf4"/"fp4" (bnb 4-bit), "int8" (bnb 8-bit), "gptq"/"gptq_v2", "gemm" (AWQ)
   double bytes_per_weight = 2;  // the stored bytes of a 4096×4096 linear divided by its weights, e.g. 0.5625
                                 // (GPTQ 4-bit, group 128); for display, the estimates use the exact bytes
-  std::vector<std::string> modules;  // the block linears stored quantised (every one of them so far)
+  bool experts_only = false;  // mxfp4: only the routed experts are stored quantised
+  std::vector<std::string> modules;  // the block linears stored quantised (all of them; mxfp4: the experts')
 
   bool active() const { return !method.empty(); }
   std::string describe() const;  // e.g. "gptq 4-bit, group 128 (4.53 bits per weight as stored)"
 };
 
 // Reads a config.json's quantization_config; InputError naming "<where>.quantization_config.<key>" for a
-// method, format or key this model does not describe (never silently counted as bf16).
-QuantizedBase quantized_base_from_json(const nlohmann::json& q, const std::string& where);
+// method, format or key this model does not describe (never silently counted as bf16). `has_experts`:
+// the model is a mixture of experts (mxfp4 quantises experts only, so a dense model's mxfp4 is refused).
+QuantizedBase quantized_base_from_json(const nlohmann::json& q, const std::string& where, bool has_experts = false);
 
 // Exact bytes the checkpoint stores for one quantised linear of in × out weights (no bias).
 int64_t quantized_linear_bytes(const QuantizedBase& q, int64_t in_features, int64_t out_features);

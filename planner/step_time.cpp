@@ -25,18 +25,26 @@ PlanContext prepare_plan(const ModelSpec& model, const HardwareSpec& hw, const T
   c.efficiency = compute_efficiency(hw, setup);
   const PreparedJob& m = c.memory;
   const double L = static_cast<double>(model.num_layers);
-  c.weight_bytes = m.embedding_weight_bytes + L * m.layer_weight_bytes + m.head_weight_bytes;
-  c.grad_bytes = m.embedding_grad_bytes + L * m.layer_grad_bytes + m.head_grad_bytes;
-  c.layer_weight_bytes = m.layer_weight_bytes;
-  c.layer_grad_bytes = m.layer_grad_bytes;
+  // Expert parallelism: a block's data-parallel traffic carries its other parameters and the rank's own
+  // experts (1/ep of them, exchanged within the expert group's dp_shard x cp / ep ranks: counted over the
+  // shard group, a close approximation of the smaller group's ring).
+  const bool ep_split = shape.ep > 1 && m.layer_expert_weight_bytes > 0;
+  auto own = [&](double whole, double experts) { return ep_split ? whole - experts + experts / double(shape.ep) : whole; };
+  const double layer_weight = own(m.layer_weight_bytes, m.layer_expert_weight_bytes);
+  const double layer_grad = own(m.layer_grad_bytes, m.layer_expert_grad_bytes);
+  c.weight_bytes = m.embedding_weight_bytes + L * layer_weight + m.head_weight_bytes;
+  c.grad_bytes = m.embedding_grad_bytes + L * layer_grad + m.head_grad_bytes;
+  c.layer_weight_bytes = layer_weight;
+  c.layer_grad_bytes = layer_grad;
   c.trainable_params = m.trainable_params;
+  c.expert_trainable_params = m.expert_trainable_params;
   c.nf4_params = trainable_params(model, setup).quantized;
   auto whole = [](double bytes) { return static_cast<int64_t>(std::ceil(bytes)); };
   c.embedding_weight_bytes = whole(m.embedding_weight_bytes);
-  c.block_weight_bytes = whole(m.layer_weight_bytes);
+  c.block_weight_bytes = whole(layer_weight);
   c.head_weight_bytes = whole(m.head_weight_bytes);
   c.embedding_grad_bytes = whole(m.embedding_grad_bytes);
-  c.block_grad_bytes = whole(m.layer_grad_bytes);
+  c.block_grad_bytes = whole(layer_grad);
   c.head_grad_bytes = whole(m.head_grad_bytes);
   // Updated trainable weights: gradient bytes / gradient width × weight width, exactly.
   const ParamBytes tb = trainable_param_bytes(setup.precision, setup.optimizer);
@@ -217,9 +225,18 @@ StepEstimate estimate_step(const PlanContext& ctx, const Candidate& cand, const 
     }
   }
 
+  // A mixture of experts: the busiest rank's experts compute `load` x the balanced token-expert pairs (the
+  // imbalance factor under expert parallelism; capacity-limited routing pads to capacity_factor everywhere).
+  double expert_extra_forward = 0, expert_extra_backward = 0, load = 1;
+  if (model.moe.active()) {
+    load = setup.moe.capacity_factor ? *setup.moe.capacity_factor : par.ep > 1 ? setup.moe.imbalance_factor : 1.0;
+    expert_extra_forward = (load - 1.0) * model.num_layers * ctx.flops.block_expert;
+    expert_extra_backward = expert_extra_forward * (ctx.flops.weights_train ? 2.0 : 1.0) + (ckpt ? expert_extra_forward : 0);
+  }
   // One micro-batch through the whole model on one GPU (its 1/(tp·cp) share).
-  const double forward = ctx.flops.forward * T / rate / split;
-  const double backward = (ctx.flops.backward + (ckpt ? ctx.flops.block_forward : 0) + selective_recompute) * T / rate / split;
+  const double forward = (ctx.flops.forward + expert_extra_forward) * T / rate / split;
+  const double backward = (ctx.flops.backward + (ckpt ? ctx.flops.block_forward : 0) + selective_recompute + expert_extra_backward) *
+                          T / rate / split;
   const double dequant = ctx.nf4_params ? nf4_dequant_time_s(ctx.nf4_params / par.tp, hw) * (ckpt ? 3 : 2) : 0;
   // Activation offloading: each block input goes to the host in forward and back in backward, on
   // its own stream (torchtune's OffloadActivations): only what compute cannot hide is exposed.
@@ -251,6 +268,22 @@ StepEstimate estimate_step(const PlanContext& ctx, const Candidate& cand, const 
                      ? L * (passes * exposed(lc.cp_forward_s, lc.attention_forward_s, 0.0) +
                             exposed(lc.cp_backward_s, 2.0 * lc.attention_forward_s, 0.0))
                      : cp_comm;
+  }
+  // Expert parallelism: every MoE block dispatches its tokens to the experts' ranks and combines the outputs
+  // back, an all-to-all each, in forward, twice more in backward (their gradients), again under full
+  // checkpointing's recompute. The busiest rank receives load x its own T·top_k rows of hidden_size. Exposed
+  // unless the framework overlaps them with the experts' compute (configs/frameworks: expert_parallel_overlap).
+  double ep_comm = 0, ep_exposed = 0, ep_bytes = 0;
+  if (par.ep > 1 && model.moe.active()) {
+    const Interconnect& ep_net = ctx.group_net(ep_group(par));
+    const double rows = (T / par.cp) * double(model.moe.top_k) * load;
+    const double buffer = act_elem * rows * model.hidden_size;
+    const double count = (4.0 + (ckpt ? 2.0 : 0.0)) * double(model.moe.num_moe_layers());
+    ep_comm = count * collective_time_s(ep_net, Collective::all_to_all, buffer);
+    ep_bytes = count * wire_bytes(Collective::all_to_all, buffer, par.ep);
+    const double expert_compute =
+        (ctx.flops.block_expert * model.num_layers * load * (ctx.flops.weights_train ? 3.0 : 2.0)) * T / rate / split;
+    ep_exposed = ctx.memory.framework->expert_parallel_overlap ? exposed(ep_comm, expert_compute, 0.0) : ep_comm;
   }
   micro += tp_comm + cp_exposed;
 
@@ -396,8 +429,15 @@ StepEstimate estimate_step(const PlanContext& ctx, const Candidate& cand, const 
     optimizer = par.offload_optimizer ? ctx.trainable_params / model_parallel / double(shard) / kCpuAdamParamsPerS
                                       : optimizer / shard;
   }
-  comm += G * (tp_comm + cp_comm);
-  bytes += G * (tp_bytes + cp_bytes);
+  comm += G * (tp_comm + cp_comm + ep_comm);
+  per_step_exposed += G * ep_exposed;
+  bytes += G * (tp_bytes + cp_bytes + ep_bytes);
+  // Expert parallelism with unsharded optimizer states: each rank steps its own experts only (sharded states
+  // already hold 1/(dp_shard x cp) of the experts, as of the rest).
+  if (par.ep > 1 && ctx.expert_trainable_params > 0 && !par.shards_optimizer() && ctx.trainable_params > 0) {
+    const double own = double(ctx.trainable_params - ctx.expert_trainable_params) + double(ctx.expert_trainable_params) / par.ep;
+    optimizer *= own / double(ctx.trainable_params);
+  }
   s.compute_s = compute;
   s.comm_s = comm;
   s.exposed_comm_s = per_step_exposed;

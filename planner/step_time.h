@@ -8,6 +8,9 @@
 //        the first layer's gather and the last reduce-scatter are exposed, plus any excess of
 //        communication over compute.
 //   naive MP: one stage busy at a time; pipeline: bubble (p-1)/(m+p-1) (Huang et al. 2019, GPipe).
+//   expert parallelism: each MoE block's all-to-all dispatch and combine (forward, and their gradients in
+//        backward) exposed, on the compute stream's critical path, unless the framework overlaps them;
+//        a block's data-parallel traffic carries the rank's own experts only.
 // Gradient accumulation communicates once per optimizer step where the strategy allows it (DDP's
 // no_sync, ZeRO-1); ZeRO-2/3 and FSDP communicate on every micro-batch.
 #pragma once
@@ -43,6 +46,7 @@ struct PlanContext {
   int64_t embedding_update_bytes = 0, block_update_bytes = 0, head_update_bytes = 0;  // trainable weights
   int64_t nf4_params = 0;
   int64_t trainable_params = 0;
+  int64_t expert_trainable_params = 0;  // the routed experts' share of trainable_params
   int64_t num_gpus = 1;
 
   // The network of one process group (planner/parallelism.h GroupPlacement), computed once per

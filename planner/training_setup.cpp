@@ -51,9 +51,13 @@ const std::array<std::pair<const char*, Strategy>, 13> kStrategies{{
     {"fsdp_shard_grad_op", Strategy::fsdp_shard_grad_op}, {"fsdp_hybrid", Strategy::fsdp_hybrid},
     {"zero2_offload", Strategy::zero2_offload}, {"zero3_offload", Strategy::zero3_offload}}};
 
-// The block linears of every family (model_family.h): Llama's seven first (all-linear), then Phi-3's fused ones.
-const std::array<const char*, 9> kLinearNames{"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
-                                              "up_proj", "down_proj", "qkv_proj", "gate_up_proj"};
+// The block linears of every family (model_family.h): Llama's seven first (all-linear), then Phi-3's fused ones,
+// the mixtures of experts' (Mixtral's experts w1, w3, w2; the routers gate, router; Qwen2-MoE's shared_expert_gate)
+// and DeepSeek's latent attention projections.
+const std::array<const char*, 19> kLinearNames{"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                               "down_proj", "qkv_proj", "gate_up_proj", "w1", "w2", "w3", "gate",
+                                               "router", "shared_expert_gate", "q_a_proj", "q_b_proj",
+                                               "kv_a_proj_with_mqa", "kv_b_proj"};
 
 }  // namespace
 
@@ -92,7 +96,8 @@ std::vector<std::string> parse_lora_targets(const std::string& list, const std::
     if (std::find(kLinearNames.begin(), kLinearNames.end(), name) == kLinearNames.end())
       fail_input(field + ": '" + name +
                  "' is not a block linear (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, "
-                 "down_proj; Phi-3: qkv_proj, o_proj, gate_up_proj, down_proj; or all-linear)");
+                 "down_proj; Phi-3: qkv_proj, o_proj, gate_up_proj, down_proj; Mixtral's experts w1, w3, w2; the "
+                 "routers gate, router; DeepSeek: q_a_proj, q_b_proj, kv_a_proj_with_mqa, kv_b_proj; or all-linear)");
     if (std::find(targets.begin(), targets.end(), name) == targets.end()) targets.push_back(name);
   }
   if (targets.empty()) fail_input(field + ": empty list");
@@ -109,7 +114,7 @@ void apply_job_object(TrainingSetup& s, const nlohmann::json& j, const std::stri
     const std::string key = prefix.empty() ? it.key() : prefix + "." + it.key();
     const std::string field = name + ": " + it.key();
     if (it->is_null()) continue;  // null: the default
-    if (prefix.empty() && (key == "lora" || key == "dataset" || key == "quantization")) {
+    if (prefix.empty() && (key == "lora" || key == "dataset" || key == "quantization" || key == "moe")) {
       apply_job_object(s, *it, key, field);
       continue;
     }
@@ -152,6 +157,13 @@ nlohmann::json training_setup_to_json(const TrainingSetup& s) {
   j["fsdp_version"] = s.fsdp_version;
   j["loss"] = to_string(s.loss);
   if (s.method == Method::qlora) j["quantization"] = {{"double_quant", s.quantization.double_quant}};
+  if (s.given.count("moe.imbalance_factor") || s.moe.capacity_factor || s.moe.aux_loss) {
+    nlohmann::json m;
+    m["imbalance_factor"] = s.moe.imbalance_factor;
+    if (s.moe.capacity_factor) m["capacity_factor"] = *s.moe.capacity_factor;
+    if (s.moe.aux_loss) m["aux_loss"] = *s.moe.aux_loss;
+    j["moe"] = m;
+  }
   j["activation_offload"] = s.activation_offload;
   j["optimizer_in_backward"] = s.optimizer_in_backward;
   j["compile"] = s.compile;

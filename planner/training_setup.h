@@ -91,6 +91,18 @@ struct QuantizationSpec {
                                     // the framework's default applies when a job leaves it out
 };
 
+// How a mixture of experts' tokens meet its experts (planner/model_spec.h MoeSpec).
+struct MoeOptions {
+  // Dropless routing (transformers, torchtitan): every token runs its top_k experts. Under expert
+  // parallelism the busiest rank receives imbalance_factor x the balanced T x top_k token-expert pairs
+  // (its compute, activations and all-to-all volume); 1.0 = perfectly balanced routing.
+  double imbalance_factor = 1.0;           // e.g. 1.0; at most num_experts / top_k
+  std::optional<double> capacity_factor;   // instead: each expert takes at most capacity_factor x T x top_k /
+                                           // num_experts tokens, padded to it (GShard, DeepSpeed-MoE); e.g. 1.25
+  std::optional<bool> aux_loss;            // the load-balancing loss (transformers' load_balancing_loss_func over
+                                           // every layer's router logits); default: the config's output_router_logits
+};
+
 struct TrainingSetup {
   std::string model;                 // short name or path of a config.json, e.g. "llama-3-8b"
   std::string framework = "hf";      // configs/frameworks/<name>.json: whose behaviour is predicted
@@ -109,6 +121,7 @@ struct TrainingSetup {
   int64_t fsdp_version = 1;          // PyTorch FSDP 1 (FlatParameter) or 2 (fully_shard)
   Loss loss = Loss::full;
   QuantizationSpec quantization;
+  MoeOptions moe;
   bool activation_offload = false;   // activations kept in host memory between forward and backward
   bool optimizer_in_backward = false;  // each parameter updated as its gradient is ready, then freed
   bool compile = false;              // torch.compile

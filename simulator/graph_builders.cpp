@@ -139,11 +139,27 @@ struct ForwardOps {
   std::size_t logits = kNone;  // the head only
 };
 
+// Expert parallelism: a MoE block's all-to-alls of one pass (`count` of them: dispatch and combine, or
+// their gradients, and again for a recompute) as one op on the expert_comm stream (the ep group's own
+// communicator), issued when the previous compute op ends; unless the framework overlaps them, the
+// block's compute waits for it.
+OpId emit_all_to_all(Builder& b, int rank, int layer, int micro_batch, int count, const std::string& what) {
+  const LayerCost& l = b.in.layers[layer];
+  if (l.all_to_all_bytes <= 0) return kNoOp;
+  const OpId op = b.add(OpKind::all_to_all, rank, Stream::expert_comm, count * b.in.all_to_all_s(l.all_to_all_bytes), layer,
+                        micro_batch, count * l.all_to_all_bytes, "all-to-all x" + std::to_string(count) + " " + what +
+                        " " + b.unit_name(layer) + mb_suffix(micro_batch));
+  graph_add_edge(b.g, b.last_compute[rank], op);
+  return b.in.all_to_all_overlap ? kNoOp : op;
+}
+
 ForwardOps emit_forward(Builder& b, int rank, int layer, int micro_batch) {
   const LayerCost& l = b.in.layers[layer];
   const std::string name = b.unit_name(layer);
   const std::string mb = mb_suffix(micro_batch);
   ForwardOps f;
+  // The MoE block's dispatch and combine come first; the compute waits for them (unless overlapped).
+  if (const OpId a2a = emit_all_to_all(b, rank, layer, micro_batch, 2, "fwd"); a2a != kNoOp) b.pending[rank].push_back(a2a);
   const Span sp = emit_exchanging(b, OpKind::forward, rank, l.forward_s, l.attention_forward_s, l.cp_forward_comm_s,
                                   l.tp_forward_comm_s, layer, micro_batch, "fwd " + name + mb);
   f.op = sp.last;
@@ -170,6 +186,9 @@ BackwardOps emit_backward(Builder& b, int rank, int layer, int micro_batch, cons
   const std::string mb = mb_suffix(micro_batch);
   BackwardOps ops;
   std::size_t recomputed = kNone;
+  // Expert parallelism: the backward all-to-alls (and a recompute's) before the block's first compute op.
+  if (const OpId a2a = emit_all_to_all(b, rank, layer, micro_batch, is_checkpointed(b.in, layer) ? 4 : 2, "bwd"); a2a != kNoOp)
+    b.pending[rank].push_back(a2a);
   if (is_checkpointed(b.in, layer)) {
     const Span re = emit_exchanging(b, OpKind::recompute, rank, l.forward_s, l.attention_forward_s, l.cp_forward_comm_s,
                                     l.tp_forward_comm_s, layer, micro_batch, "recompute " + name + mb);

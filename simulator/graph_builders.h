@@ -38,7 +38,12 @@ OpGraph build_step_graph(const StepInputs& inputs);
 //   fsdp_hybrid: + an all-reduce across replicas (replica_all_reduce_s) after each reduce-scatter.
 //   *_offload: each reduce-scattered gradient shard copied to the host, the optimizer on the host
 //     CPU, then each updated parameter shard copied back.
-// All collectives share one comm stream per rank (NCCL shares the links anyway).
+// All collectives share one comm stream per rank (NCCL shares the links anyway), except expert
+// parallelism's all-to-alls (layers with all_to_all_bytes): before each MoE block's forward its dispatch
+// and combine (2 x all_to_all_s), before its backward their gradients (2, or 4 with the recompute), one op
+// each on the expert_comm stream (the ep group's own communicator) that waits for the previous compute
+// op; the block's compute waits for it unless all_to_all_overlap (no profiled framework overlaps them:
+// torchtitan's ExpertParallel runs dispatch, experts and combine in order).
 OpGraph build_data_parallel_graph(const StepInputs& inputs);
 
 // Pipelines (pp > 1: naive mp, GPipe, 1F1B, interleaved 1F1B with virtual_stages chunks per stage):

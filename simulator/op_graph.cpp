@@ -18,6 +18,7 @@ const char* op_kind_name(OpKind kind) {
     case OpKind::copy_to_host: return "copy_to_host";
     case OpKind::copy_to_device: return "copy_to_device";
     case OpKind::optimizer_step: return "optimizer_step";
+    case OpKind::all_to_all: return "all_to_all";
   }
   return "?";
 }
@@ -29,13 +30,14 @@ const char* stream_name(Stream stream) {
     case Stream::host_copy: return "host_copy";
     case Stream::cpu: return "cpu";
     case Stream::mp_comm: return "mp_comm";
+    case Stream::expert_comm: return "expert_comm";
   }
   return "?";
 }
 
 bool op_kind_is_communication(OpKind kind) {
   return kind == OpKind::all_reduce || kind == OpKind::reduce_scatter ||
-         kind == OpKind::all_gather || kind == OpKind::send;
+         kind == OpKind::all_gather || kind == OpKind::send || kind == OpKind::all_to_all;
 }
 
 OpId graph_add_op(OpGraph& g, Op op) {

@@ -27,17 +27,20 @@ enum class OpKind {
   copy_to_host,     // offload: gradient shard down
   copy_to_device,   // offload: updated parameter shard up
   optimizer_step,   // on the GPU, or on the host CPU under offload
+  all_to_all,       // expert parallelism: a MoE block's token dispatch and combine (forward, or their gradients)
 };
-constexpr int kOpKindCount = 11;
+constexpr int kOpKindCount = 12;
 
 // comm: data-parallel and pipeline communication; mp_comm: the tensor- and context-parallel
-// collectives, which run on their own process groups' NCCL streams beside the data-parallel ones.
-enum class Stream { compute, comm, host_copy, cpu, mp_comm };
-constexpr int kStreamCount = 5;
+// collectives, which run on their own process groups' NCCL streams beside the data-parallel ones;
+// expert_comm: expert parallelism's all-to-alls, on their own process group (the ep mesh's NCCL
+// communicator and stream). Links are not modelled as shared between streams.
+enum class Stream { compute, comm, host_copy, cpu, mp_comm, expert_comm };
+constexpr int kStreamCount = 6;
 
 const char* op_kind_name(OpKind kind);  // "forward", "all_reduce", ...
-const char* stream_name(Stream stream);  // "compute", "comm", "host_copy", "cpu", "mp_comm"
-bool op_kind_is_communication(OpKind kind);  // all_reduce, reduce_scatter, all_gather, send
+const char* stream_name(Stream stream);  // "compute", "comm", "host_copy", "cpu", "mp_comm", "expert_comm"
+bool op_kind_is_communication(OpKind kind);  // all_reduce, reduce_scatter, all_gather, send, all_to_all
 
 struct Op {
   OpKind kind = OpKind::forward;

@@ -5,6 +5,7 @@
 
 #include "planner/collectives.h"
 #include "planner/compute_model.h"
+#include "planner/precision.h"
 
 namespace ftplan::sim {
 
@@ -48,12 +49,29 @@ StepInputs step_inputs_from_plan(const PlanContext& ctx, const Candidate& c, boo
   embedding.tp_comm_bytes = static_cast<int64_t>(lc.activation_bytes);
   in.layers.push_back(embedding);
 
+  // A mixture of experts: the busiest rank's experts compute `load` x the balanced pairs (planner/step_time.cpp);
+  // under expert parallelism each MoE block's all-to-all moves the busiest rank's rows of hidden_size.
+  double load = 1;
+  int64_t a2a_bytes = 0;
+  if (model.moe.active()) {
+    load = setup.moe.capacity_factor ? *setup.moe.capacity_factor : par.ep > 1 ? setup.moe.imbalance_factor : 1.0;
+    if (par.ep > 1)
+      a2a_bytes = static_cast<int64_t>(activation_bytes(setup.precision) * (T / par.cp) * double(model.moe.top_k) * load *
+                                       double(model.hidden_size));
+  }
+  const double extra = (load - 1.0) * f.block_expert;
   for (int64_t l = 0; l < model.num_layers; ++l) {
     LayerCost block;
     block.name = "block " + std::to_string(l);
     block.forward_s = (f.block_matmul + f.block_attention + f.block_lora) * T * seconds_per_flop + block_dequant;
     block.backward_input_s = (f.block_matmul + 2 * f.block_attention + f.block_lora) * T * seconds_per_flop + block_dequant;
     block.backward_weight_s = ((f.weights_train ? f.block_matmul : 0.0) + f.block_lora) * T * seconds_per_flop;
+    if (model.moe.active()) {
+      block.forward_s += extra * T * seconds_per_flop;
+      block.backward_input_s += extra * T * seconds_per_flop;
+      block.backward_weight_s += (f.weights_train ? extra : 0.0) * T * seconds_per_flop;
+      if (model.moe.moe_layers[size_t(l)]) block.all_to_all_bytes = a2a_bytes;
+    }
     block.param_bytes = ctx.block_weight_bytes;
     block.grad_bytes = ctx.block_grad_bytes;
     block.updated_param_bytes = ctx.block_update_bytes;
@@ -133,6 +151,9 @@ StepInputs step_inputs_from_plan(const PlanContext& ctx, const Candidate& c, boo
   };
   in.p2p_s = [pp_net](int64_t b) { return collective_time_s(pp_net, Collective::send_recv, double(b)); };
   in.host_copy_s = [shard_net](int64_t b) { return double(b) / shard_net.host_bandwidth_bytes_per_s; };
+  const Interconnect ep_net = ctx.group_net(ep_group(par));
+  in.all_to_all_s = [ep_net](int64_t b) { return collective_time_s(ep_net, Collective::all_to_all, double(b)); };
+  in.all_to_all_overlap = ctx.memory.framework->expert_parallel_overlap;
   return in;
 }
 

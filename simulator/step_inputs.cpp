@@ -89,7 +89,8 @@ void validate_step_inputs(const StepInputs& in) {
       add(where + ": durations must be finite and >= 0");
     if (l.attention_forward_s > l.forward_s || 2 * l.attention_forward_s > l.backward_input_s)
       add(where + ": attention_forward_s must fit in forward_s and, twice, in backward_input_s");
-    if (l.param_bytes < 0 || l.grad_bytes < 0 || l.saved_activation_bytes < 0 || l.checkpoint_bytes < 0)
+    if (l.param_bytes < 0 || l.grad_bytes < 0 || l.saved_activation_bytes < 0 || l.checkpoint_bytes < 0 ||
+        l.all_to_all_bytes < 0)
       add(where + ": byte counts must be >= 0");
   }
 
@@ -104,6 +105,10 @@ void validate_step_inputs(const StepInputs& in) {
   need(sharded && par.dp_replicate > 1, in.replica_all_reduce_s, "replica_all_reduce_s");
   need(is_pipeline(par) && in.num_gpus > 1, in.p2p_s, "p2p_s");
   need(par.offload_optimizer, in.host_copy_s, "host_copy_s");
+  bool a2a = false;
+  for (const LayerCost& l : in.layers) a2a = a2a || l.all_to_all_bytes > 0;
+  need(a2a, in.all_to_all_s, "all_to_all_s");
+  if (a2a && is_pipeline(par)) add("all-to-all (expert parallelism) inside pipeline stages is not simulated");
 
   if (problems.empty()) return;
   std::ostringstream message;

@@ -40,6 +40,8 @@ struct LayerCost {
   double attention_forward_s = 0.0;  // the part of forward_s that is attention, e.g. 0.004
   double cp_forward_comm_s = 0.0;    // per forward and per recompute
   double cp_backward_comm_s = 0.0;   // per backward_input
+  int64_t all_to_all_bytes = 0;      // expert parallelism, a MoE block: the buffer of one all-to-all (the
+                                     // busiest rank's dispatched rows x hidden), e.g. 33554432; 0: none
 };
 
 struct StepInputs {
@@ -74,6 +76,9 @@ struct StepInputs {
   // data-parallel group once per step after its last backward (all_reduce_s unsharded;
   // reduce_scatter_s then all_gather_s of the weights (stage 3, before the first forward) or of the
   // updated parameters (stage 1/2, after the step) sharded; replica_all_reduce_s across replicas).
+  std::function<double(int64_t bytes)> all_to_all_s;          // expert parallelism, over the ep group
+  bool all_to_all_overlap = false;   // the framework runs the dispatch and combine beside the experts' compute
+                                     // (configs/frameworks expert_parallel_overlap); false: the block waits
 
   int64_t bucket_bytes = INT64_C(25) << 20;       // DDP bucket_cap_mb = 25
   int64_t first_bucket_bytes = INT64_C(1) << 20;  // DDP's first bucket (dist._DEFAULT_FIRST_BUCKET_BYTES)

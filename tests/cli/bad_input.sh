@@ -117,6 +117,23 @@ expect_bad "a dimension the framework does not offer" "composes no pipeline para
 printf '{"model": "llama-3-8b", "gpu": "h100-sxm", "gpus": 16, "framework": "torchtitan", "parallel": "tp=8,dp_shard=4"}' >"$TMP/parallel-job.json"
 expect_bad "a job file's parallel key" "tp(8) * dp_shard(4) = 32 != gpus(16)" plan "$TMP/parallel-job.json"
 
+# Mixtures of experts (issue 14): an expert count that ep does not divide (one line naming both), expert
+# parallelism under a framework without it, an MoE key the family does not read, experts on a dense family.
+expect_bad "ep not dividing the experts" "ep(3) does not divide num_experts(8)" \
+  plan --model mixtral-8x7b --gpu h100-sxm --gpus 24 --framework torchtitan --parallel dp_shard=24,ep=3
+expect_bad "ep under a framework without it" "--parallel ep=8" \
+  plan --model mixtral-8x7b --gpu h100-sxm --gpus 8 --parallel dp_shard=8,ep=8
+expect_bad "ep on a dense model" "has no experts" \
+  plan --model llama-3-8b --gpu h100-sxm --gpus 8 --framework torchtitan --parallel dp_shard=8,ep=8
+python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); d["n_shared_experts"] = 2; json.dump(d, open(sys.argv[2], "w"))' \
+  "$FTPLAN_DATA_DIR/configs/models/mixtral-8x7b.json" "$TMP/mixtral-shared.json"
+expect_bad "an MoE key the family does not read" "n_shared_experts" memory --model "$TMP/mixtral-shared.json"
+python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); d["num_local_experts"] = 8; json.dump(d, open(sys.argv[2], "w"))' \
+  "$MODEL_JSON" "$TMP/llama-experts.json"
+expect_bad "experts on a dense family" "num_local_experts" memory --model "$TMP/llama-experts.json"
+expect_bad "an imbalance beyond num_experts / top_k" "moe.imbalance_factor" \
+  memory --model mixtral-8x7b --gpu h100-sxm --moe-imbalance-factor 5
+
 if [ "$failures" -ne 0 ]; then
   echo "bad_input.sh: $failures check(s) failed"
   exit 1

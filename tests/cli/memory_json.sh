@@ -103,6 +103,23 @@ bad = [f"{k} = {m.get(k)}, expected {sys.argv[2]}" for k in ("params_total", "pa
 print("; ".join(bad)); sys.exit(1 if bad else 0)' "$TMP/$name.json" "$want") || fail "memory --model $name --json: $out"
 done
 
+# Mixtures of experts: the published total and the active count (the routed experts a token does not
+# run left out; tests/planner/test_moe.cpp derives each).
+for triple in mixtral-8x7b:46702792704:12879925248 qwen3-30b-a3b:30532122624:3353032704 \
+              deepseek-v2-lite:15706484224:2661150208; do
+  name=${triple%%:*} rest=${triple#*:}
+  total=${rest%%:*} active=${rest##*:}
+  "$FTPLAN" memory --model "$name" --method lora --lora-targets q_proj --gpu h100-sxm --json \
+    >"$TMP/$name.json" 2>"$TMP/$name.err" || fail "memory --model $name --json exited $?: $(cat "$TMP/$name.err")"
+  out=$(python3 -c '
+import json, sys
+m = json.load(open(sys.argv[1]))["model"]
+want = {"params_total": int(sys.argv[2]), "params_active": int(sys.argv[3])}
+bad = [f"{k} = {m.get(k)}, expected {v}" for k, v in want.items() if m.get(k) != v]
+if not m.get("moe") or m["moe"].get("num_experts", 0) < 2: bad.append("no moe object")
+print("; ".join(bad)); sys.exit(1 if bad else 0)' "$TMP/$name.json" "$total" "$active") || fail "memory --model $name --json: $out"
+done
+
 # 4. The default output is a table with the assumptions under it.
 "$FTPLAN" memory --model llama-3-8b --method lora --gpu a100-40gb-sxm --gpus 4 --seq-len 1024 \
   --micro-batch 4 >"$TMP/table.txt" 2>&1 || fail "memory (table) exited $?"
