@@ -66,6 +66,13 @@ struct GpusOptions {
   bool json = false;
 };
 
+struct ExportCommandOptions {
+  std::string plan;          // plan.json from ftplan plan -o (or ftplan plan --json's output)
+  std::string to;            // deepspeed | accelerate | axolotl | torchtune | llamafactory | torchrun | slurm
+  std::string output;        // -o FILE (default: standard output)
+  double time_margin = 0.25; // slurm: time limit = job time x (1 + margin)
+};
+
 struct Commands {
   MemoryOptions memory;
   PlanOptions plan;
@@ -75,6 +82,7 @@ struct Commands {
   CompareOptions compare;
   ValidateOptions validate;
   GpusOptions gpus;
+  ExportCommandOptions export_;
 };
 
 void add_commands(CLI::App& app, Commands& commands);
@@ -88,6 +96,7 @@ int run_simulate(const SimulateOptions& options);
 int run_compare(const CompareOptions& options);
 int run_validate(const ValidateOptions& options);
 int run_gpus(const GpusOptions& options);
+int run_export(const ExportCommandOptions& options);
 
 // ftplan plan --simulate: re-rank the finalists by their simulated step time.
 void rerank_with_simulator(const LoadedJob& job, PlanResult& plan);

@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(build-essential cmake ninja-build pkg-config python3
-          nlohmann-json3-dev libcli11-dev libboost-graph-dev catch2 libbenchmark-dev)
+          nlohmann-json3-dev libcli11-dev libboost-graph-dev libyaml-cpp-dev catch2 libbenchmark-dev)
 if [ "${FTPLAN_PLANNER_ONLY:-0}" != 1 ]; then
   # LibTorch 1.13 (CPU) with Gloo for c10d; OpenBLAS because the reference BLAS is ~20x slower;
   # zlib for the checkpoints' CRC-32 checksums; PyTorch for Python (the same 1.13) runs
