@@ -18,7 +18,8 @@ void add_job_options(CLI::App& app, JobOptions& o) {
                  "Read the job from a training config (repeatable): DeepSpeed JSON, accelerate YAML, axolotl YAML, torchtune "
                  "recipe YAML, LLaMA-Factory YAML, HF TrainingArguments JSON/YAML, torchrun or sbatch script; a flag that "
                  "contradicts a file is an error")
-      ->type_name("FILE");
+      ->type_name("FILE")
+      ->allow_extra_args(false);  // one file per --from: a job file after it stays the positional
   bind_field_flags(app, o.flags, kFtplanFlag, job_field_defaults());
   app.add_flag("--json", o.json, "Print JSON instead of a table");
 }

@@ -577,7 +577,11 @@ ExportResult export_torchtune(Out& o) {
     j["fsdp_reshard_after_forward"] = l.reshard_after_forward;
     if (l.tp > 1 || l.cp > 1 || l.dp_replicate > 1) {
       j["tensor_parallel_dim"] = l.tp;
-      if (l.tp > 1) j["tensor_parallel_plan"] = {{"_component_", "torchtune.models.llama3.base_llama_tp_plan"}};
+      if (l.tp > 1) {
+        if (builder->builder.find(".llama") == std::string::npos)
+          o.refuse_layout("ftplan knows torchtune's tensor-parallel plan for its Llama builders only (base_llama_tp_plan)");
+        j["tensor_parallel_plan"] = {{"_component_", "torchtune.models.llama3.base_llama_tp_plan"}};
+      }
       if (l.cp > 1) j["context_parallel_dim"] = l.cp;
       j["data_parallel_replicate_dim"] = l.dp_replicate;
       j["data_parallel_shard_dim"] = -1;

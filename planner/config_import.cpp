@@ -84,17 +84,20 @@ Json scalar_json(const YAML::Node& n) {
   return s;
 }
 
-Json node_json(const YAML::Node& n) {
+// A YAML document's nodes, aliases expanded: bounded, so that a file of aliases to aliases cannot
+// grow without limit.
+Json node_json(const YAML::Node& n, size_t& budget) {
+  if (budget-- == 0) throw YAML::Exception(n.Mark(), "too many nodes (over 1,000,000, aliases expanded)");
   switch (n.Type()) {
     case YAML::NodeType::Scalar: return scalar_json(n);
     case YAML::NodeType::Sequence: {
       Json a = Json::array();
-      for (const auto& item : n) a.push_back(node_json(item));
+      for (const auto& item : n) a.push_back(node_json(item, budget));
       return a;
     }
     case YAML::NodeType::Map: {
       Json o = Json::object();
-      for (auto it = n.begin(); it != n.end(); ++it) o[it->first.as<std::string>()] = node_json(it->second);
+      for (auto it = n.begin(); it != n.end(); ++it) o[it->first.as<std::string>()] = node_json(it->second, budget);
       return o;
     }
     default: return nullptr;
@@ -276,6 +279,10 @@ struct Importer {
 // ---------------------------------------------------------------------------------------------
 // Values, with their conflicts.
 
+std::string with_value(const std::string& origin, const std::string& written) {
+  return written.empty() ? origin : origin + " " + written;
+}
+
 // Two values of one job field are the same job when they land on the same setup.
 bool same_job_value(const FieldSpec& f, const Json& a, const Json& b) {
   TrainingSetup x, y;
@@ -290,20 +297,22 @@ void FileReader::set(const std::string& job_key, const Json& value, const std::s
   TrainingSetup scratch;
   scratch.method = Method::qlora;
   apply_job_field(scratch, f, value, at(src_key));  // the field table's type and range, naming file: key
+  const std::string written = as_written.is_null() ? "" : shown(as_written);  // null: a default, no value written
   for (const auto& v : imp.values) {
     if (v.key != job_key) continue;
     if (!same_job_value(f, v.value, value))
-      fail_input(v.origin + " " + v.as_written + " disagrees with " + at(src_key) + " " + shown(as_written) +
-                 " (both set " + job_key + ")");
+      fail_input(with_value(v.origin, v.as_written) + " disagrees with " + with_value(at(src_key), written) + " (both set " +
+                 job_key + ")");
     return;  // the same value, already there
   }
-  imp.values.push_back({job_key, value, at(src_key), shown(as_written)});
+  imp.values.push_back({job_key, value, at(src_key), written});
 }
 
 bool same_layout(const ImportedLayout& a, const ImportedLayout& b) {
   return a.sharding == b.sharding && (a.sharding == Sharding::none || a.zero_stage == b.zero_stage) &&
          a.reshard_after_forward == b.reshard_after_forward && a.hybrid == b.hybrid &&
          a.offload_optimizer == b.offload_optimizer && a.offload_params == b.offload_params && a.tp == b.tp &&
+         a.sequence_parallel == b.sequence_parallel &&
          a.cp == b.cp && a.pp == b.pp && a.dp_replicate == b.dp_replicate && a.dp_shard == b.dp_shard;
 }
 
@@ -827,9 +836,9 @@ bool read_hf_key(FileReader& r, HfState& st, const std::string& key, const Json&
 
 // Epochs written as a float (3.0); a fraction of an epoch is not a job ftplan plans.
 void read_epochs(FileReader& r, const Json& v, const std::string& key) {
-  if (!v.is_number() || std::floor(v.get<double>()) != v.get<double>())
-    r.unmodelled(key, v, "expected a whole number of epochs");
-  r.set("epochs", static_cast<int64_t>(v.get<double>()), key, v);
+  if (v.is_number() && std::isfinite(v.get<double>()) && std::floor(v.get<double>()) != v.get<double>())
+    r.unmodelled(key, v, "a fraction of an epoch is not modelled (a whole number of epochs, or max_steps)");
+  r.set("epochs", v, key);  // the field table checks the type and the range
 }
 
 // The layout a TrainingArguments-style file gives: DeepSpeed's (read from its config), FSDP's, or
@@ -855,8 +864,8 @@ void read_hf_trainer(FileReader& r, const Json& j) {
   const bool four_bit = j.contains("load_in_4bit") && !j.at("load_in_4bit").is_null() && r.boolean(j.at("load_in_4bit"), "load_in_4bit");
   refuse_true(r, j, "load_in_8bit", "an 8-bit (LLM.int8) base is not a job setting: plan it from a model config whose "
                                    "quantization_config says load_in_8bit (--model PATH)");
-  r.set("method", peft ? (four_bit ? "qlora" : "lora") : "full", j.contains("use_peft") ? "use_peft" : "(no use_peft: full fine-tuning)",
-        j.value("use_peft", Json(false)));
+  r.set("method", peft ? (four_bit ? "qlora" : "lora") : "full", j.contains("use_peft") ? "use_peft" : "use_peft (absent: full fine-tuning)",
+        j.value("use_peft", Json(nullptr)));
   if (four_bit && !peft) r.unmodelled("load_in_4bit", true, "a 4-bit base needs LoRA (use_peft: true)");
   read_bf16_fp16(r, j);
   for (auto it = j.begin(); it != j.end(); ++it) {
@@ -898,7 +907,7 @@ void read_axolotl(FileReader& r, const Json& j) {
   }
   refuse_true(r, j, "load_in_8bit", "an 8-bit (LLM.int8) base is not a job setting: plan it from a model config whose "
                                    "quantization_config says load_in_8bit (--model PATH)");
-  r.set("method", method, adapter.is_null() ? "adapter (absent: full fine-tuning)" : "adapter", adapter.is_null() ? Json("none") : adapter);
+  r.set("method", method, adapter.is_null() ? "adapter (absent: full fine-tuning)" : "adapter", adapter);
   const bool lora = method != "full";
   read_bf16_fp16(r, j);
   ImportedLayout nd;  // N-D parallelism degrees
@@ -988,14 +997,14 @@ void read_llamafactory(FileReader& r, const Json& j) {
     if (type != "lora") r.unmodelled("quantization_bit", qbit, "a quantized base needs finetuning_type lora");
     method = "qlora";
   }
-  r.set("method", method, ft.is_null() ? "finetuning_type (absent: lora)" : "finetuning_type", ft.is_null() ? Json("lora") : ft);
+  r.set("method", method, ft.is_null() ? "finetuning_type (absent: lora)" : "finetuning_type", ft);
   const Json stage = get("stage");
   if (!stage.is_null() && lower(r.text(stage, "stage")) != "sft" && lower(r.text(stage, "stage")) != "pt")
     r.unmodelled("stage", stage, "not modelled (sft, pt: one model's forward and backward; dpo/kto/ppo/rm run more)");
   read_bf16_fp16(r, j);
   // Gradient checkpointing is on unless disabled (model/model_utils/checkpointing.py).
   if (get("disable_gradient_checkpointing").is_null())
-    r.set("checkpointing", "full", "disable_gradient_checkpointing (absent: LLaMA-Factory checkpoints)", false);
+    r.set("checkpointing", "full", "disable_gradient_checkpointing (absent: LLaMA-Factory checkpoints)", nullptr);
   int64_t datasets = 0;
   if (get("dataset").is_string()) {
     std::istringstream in(get("dataset").get<std::string>());
@@ -1036,8 +1045,8 @@ void read_llamafactory(FileReader& r, const Json& j) {
   // LoRA alpha defaults to twice the rank (hparams/finetuning_args.py: lora_alpha = lora_rank * 2).
   if (lora && get("lora_alpha").is_null()) {
     const int64_t rank = get("lora_rank").is_null() ? 8 : r.integer(get("lora_rank"), "lora_rank", 1, 65536);
-    r.set("lora.alpha", 2 * rank, "lora_alpha (absent: 2 x lora_rank)", 2 * rank);
-    if (get("lora_rank").is_null()) r.set("lora.rank", 8, "lora_rank (absent: 8)", 8);
+    r.set("lora.alpha", 2 * rank, "lora_alpha (absent: 2 x lora_rank)", nullptr);
+    if (get("lora_rank").is_null()) r.set("lora.rank", 8, "lora_rank (absent: 8)", nullptr);
   }
   finish_hf_layout(r, st, "fsdp");
   r.set_framework("hf", "(LLaMA-Factory runs the Hugging Face Trainer)");
@@ -1171,6 +1180,7 @@ void read_torchtune(FileReader& r, const Json& j) {
     else r.ignore(key);
   }
   if (dims) l.single_on_one_gpu = false;
+  l.sequence_parallel = l.tp > 1;  // torchtune's TP plans shard the norms by sequence (base_llama_tp_plan)
   r.set_layout(l);
   r.set_framework("torchtune", "model._component_");
 }
@@ -1323,7 +1333,8 @@ std::optional<ConfigKind> detect_config_kind(const Json& j) {
 
 Json yaml_to_json(const std::string& text, const std::string& where) {
   try {
-    return node_json(YAML::Load(text));
+    size_t budget = 1000000;
+    return node_json(YAML::Load(text), budget);
   } catch (const YAML::Exception& e) {
     fail_input(where + ": line " + std::to_string(e.mark.line + 1) + ": malformed YAML: " + e.msg);
   }
@@ -1336,7 +1347,7 @@ std::string ImportedLayout::describe() const {
   else d = "data parallel (DDP)";
   if (offload_params) d += " with optimizer and parameter offload";
   else if (offload_optimizer) d += " with optimizer offload";
-  if (tp > 1) d += ", tp " + std::to_string(tp);
+  if (tp > 1) d += ", tp " + std::to_string(tp) + (sequence_parallel ? " with sequence parallelism" : "");
   if (cp > 1) d += ", cp " + std::to_string(cp);
   if (pp > 1) d += ", pp " + std::to_string(pp);
   if (dp_replicate > 0) d += ", dp_replicate " + std::to_string(dp_replicate);
@@ -1376,7 +1387,7 @@ void apply_config_values(TrainingSetup& s, ConfigImport& imp, const std::map<std
     const auto other = elsewhere.find(v.key);
     if (other != elsewhere.end()) {
       if (!same_job_value(f, other->second.value, v.value))
-        fail_input(other->second.origin + " contradicts " + v.origin + " " + v.as_written);
+        fail_input(other->second.origin + " contradicts " + with_value(v.origin, v.as_written));
       continue;
     }
     apply_job_field(s, f, v.value, v.origin);
@@ -1436,6 +1447,7 @@ void apply_config_rules(TrainingSetup& s, ConfigImport& imp, const HardwareSpec&
       p.offload_optimizer = l.offload_optimizer;
       p.offload_params = l.offload_params;
       p.tp = l.tp;
+      p.sequence_parallel = l.sequence_parallel;
       p.cp = l.cp;
       p.cp_mode = l.cp_mode;
       p.pp = l.pp;

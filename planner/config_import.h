@@ -60,6 +60,7 @@ struct ImportedLayout {
   bool offload_optimizer = false;
   bool offload_params = false;
   int64_t tp = 1, cp = 1, pp = 1;
+  bool sequence_parallel = false;    // with tp: the norms and residual stream split by tokens (torchtune always)
   ContextParallel cp_mode = ContextParallel::all_gather;
   int64_t dp_replicate = 0, dp_shard = 0;  // 0: the rest of the GPUs
   bool single_on_one_gpu = false;    // one GPU runs the framework's single-device path (torchtune, DDP)

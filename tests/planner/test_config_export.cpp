@@ -223,6 +223,15 @@ TEST_CASE("Round trip: precisions, offload, optimizers and knobs", "[export][rou
                 {"seq_len", 1024}, {"micro_batch", 1}, {"checkpointing", "full"}, {"parallel", "dp_shard=8,shard=fsdp,offload=optimizer+params"}};
     require_same_job(round_trip(plan_file(big), ExportTarget::torchtune));
   }
+  SECTION("compositions (what ftplan plan --json holds): FSDP-2 with tensor parallelism through accelerate, torchtune") {
+    const Json acc = {{"model", "llama-3.2-1b"}, {"framework", "fsdp"}, {"gpu", "h100-sxm"}, {"gpus", 8}, {"method", "full"},
+                      {"seq_len", 2048}, {"micro_batch", 2}, {"checkpointing", "full"}, {"fsdp_version", 2},
+                      {"parallel", "tp=2,dp_replicate=2,dp_shard=2,shard=fsdp"}};
+    require_same_job(round_trip(plan_file(acc), ExportTarget::accelerate));
+    const Json tt = {{"model", "llama-3.2-1b"}, {"framework", "torchtune"}, {"gpu", "h100-sxm"}, {"gpus", 8}, {"method", "full"},
+                     {"seq_len", 2048}, {"micro_batch", 2}, {"checkpointing", "full"}, {"parallel", "tp=2,sp=1,dp_shard=4"}};
+    require_same_job(round_trip(plan_file(tt), ExportTarget::torchtune));
+  }
   SECTION("two nodes: torchrun and sbatch carry nodes and GPUs per node") {
     Json job = kLoraDs;
     job["gpus"] = 16;
