@@ -556,7 +556,7 @@ ImportedLayout zero_layout(FileReader& r, int stage, const std::string& opt_devi
   if (off_param && !off_opt)
     r.unmodelled(param_key, "cpu",
                  "parameters offloaded without the optimizer states are not modelled (ftplan offloads parameters with "
-                 "the optimizer states, as ZeRO-Infinity's examples do)");
+                 "the optimizer states)");
   if (off_opt && stage == 0) r.unmodelled(opt_key, "cpu", "optimizer offload needs ZeRO stage 1, 2 or 3 (stage 0)");
   ImportedLayout l;
   l.sharding = stage == 0 ? Sharding::none : Sharding::zero;
