@@ -1479,7 +1479,12 @@ void apply_config_rules(TrainingSetup& s, ConfigImport& imp, const HardwareSpec&
       return std::nullopt;
     }();
     const std::string mine = named ? to_string(*named) : to_string(layout);
-    if (user) {
+    if (user && !l.explicit_layout) {
+      // The files name no layout (the Trainer's DDP is a default, not a file's value): the flag's.
+      layout = user->first;
+      imp.notes.push_back(l.origin + ": the files name no layout; " + user->second + " used");
+      has_layout = true;
+    } else if (user) {
       if (user->first != layout)
         fail_input(user->second + " contradicts " + l.origin + " (" + l.describe() + ": " + mine + " on " + std::to_string(n) + " GPUs)");
     } else if (named) {
@@ -1493,7 +1498,7 @@ void apply_config_rules(TrainingSetup& s, ConfigImport& imp, const HardwareSpec&
       s.parallel_text = to_string(layout);
       s.given.insert("parallel");
     }
-    imp.notes.push_back(l.origin + ": " + l.describe() + " on " + std::to_string(n) + " GPU(s) = " + mine);
+    if (l.explicit_layout || !user) imp.notes.push_back(l.origin + ": " + l.describe() + " on " + std::to_string(n) + " GPU(s) = " + mine);
   }
   const int64_t dp = has_layout ? layout.dp() : n;
   const std::string dp_text = std::to_string(dp) + (has_layout ? " data-parallel GPU(s)" : " GPU(s)");

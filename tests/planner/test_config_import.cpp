@@ -386,6 +386,8 @@ TEST_CASE("A flag that contradicts a file is refused naming both; an equal one i
   CHECK_THAT(error_of([&] { import({qlora}, "h100-sxm", {{"lora.targets", "q_proj,v_proj"}}); }), Contains("lora_target_linear"));
   CHECK_THAT(error_of([&] { import({data("axolotl/deepspeed_configs/zero3.json")}, "h100-sxm", {{"model", "llama-3.2-1b"}, {"gpus", 4}, {"strategy", "fsdp"}}); }),
              Contains("--strategy fsdp contradicts") && Contains("zero3.json: zero_optimization.stage"));
+  // A layout flag over a file that names none (the Trainer's DDP is a default, not the file's value) is used.
+  CHECK(layout(import({qlora}, "h100-sxm", {{"gpus", 4}, {"strategy", "fsdp"}}).setup) == "fsdp");
   CHECK_THAT(error_of([&] { import({qlora}, "h100-sxm", {{"precision", "mixed"}}); }),
              Contains("--precision mixed contradicts") && Contains("qlora.yml: bf16 auto"));
 }
