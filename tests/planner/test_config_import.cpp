@@ -206,6 +206,7 @@ TEST_CASE("DeepSpeed configs: ZeRO stage and offload become the layout", "[impor
       {"axolotl/deepspeed_configs/zero3.json", 8, "zero3"},
       {"axolotl/deepspeed_configs/zero3_bf16_cpuoffload_all.json", 8, "zero3_offload"},
       {"deepspeed/training/autotuning/hf/dsconfigs/ds_config_z2.json", 2, "zero2"},
+      {"deepspeed/training/autotuning/hf/dsconfigs/ds_config_fp16_z3.json", 2, "zero3"},
       {"accelerate/examples/deepspeed_config_templates/zero_stage2_config.json", 2, "zero2"},
       {"accelerate/examples/deepspeed_config_templates/zero_stage3_offload_config.json", 2, "zero3_offload"},
       {"llamafactory/examples/deepspeed/ds_z2_offload_config.json", 4, "zero2_offload"},
@@ -214,6 +215,11 @@ TEST_CASE("DeepSpeed configs: ZeRO stage and offload become the layout", "[impor
   const Imported r = import({data(path)}, "h100-sxm", {{"gpus", gpus}, {"model", "llama-3.2-1b"}});
   CHECK(layout(r.setup) == expected);
   CHECK(r.setup.framework == "deepspeed");
+  // fp16 is planned with bf16's bytes, and says so.
+  if (path.find("fp16") != std::string::npos) {
+    REQUIRE(!r.imp.notes.empty());
+    CHECK_THAT(r.imp.notes.front(), Contains("fp16.enabled true: fp16 planned as bf16"));
+  }
 }
 
 TEST_CASE("DeepSpeed offload the planner cannot express is refused naming the key", "[import][deepspeed][bad]") {
