@@ -17,10 +17,13 @@ int run_check(const CheckOptions& o) {
     fail_input("--max-hours/--max-cost: the job has no dataset (give --dataset-rows or --dataset-tokens)");
   const PlanResult plan = plan_job(job.model, job.hardware, job.setup, objective);
   const CheckResult result = check_plan(plan, job.hardware, job.setup, limits, o.any);
-  if (o.job.json)
-    std::cout << check_json(result, plan, job.hardware, job.setup).dump(2) << "\n";
-  else
-    std::cout << check_report(result, plan, job.hardware, job.setup);
+  if (o.job.json) {
+    nlohmann::json j = check_json(result, plan, job.hardware, job.setup);
+    add_import_json(job, j);
+    std::cout << j.dump(2) << "\n";
+  } else {
+    std::cout << check_report(result, plan, job.hardware, job.setup) << import_text(job);
+  }
   return result.passed ? 0 : 1;
 }
 

@@ -15,10 +15,13 @@ int run_plan(const PlanOptions& options) {
   const Objective objective = parse_objective(options.objective, "--objective");
   PlanResult plan = plan_job(job.model, job.hardware, job.setup, objective);
   if (options.simulate) rerank_with_simulator(job, plan);
-  if (options.job.json)
-    std::cout << plan_report_json(job.model, job.hardware, job.setup, plan).dump(2) << "\n";
-  else
-    std::cout << plan_report_table(job.model, job.hardware, job.setup, plan);
+  if (options.job.json) {
+    nlohmann::json j = plan_report_json(job.model, job.hardware, job.setup, plan);
+    add_import_json(job, j);
+    std::cout << j.dump(2) << "\n";
+  } else {
+    std::cout << plan_report_table(job.model, job.hardware, job.setup, plan) << import_text(job);
+  }
   if (!options.output.empty()) {
     if (!plan.recommended) {
       std::cerr << "ftplan: no plan written to " << options.output << ": nothing fits\n";

@@ -81,6 +81,7 @@ int run_simulate(const SimulateOptions& o) {
                             {"peak_memory_bytes", memory.per_gpu.total}};
   if (!o.trace.empty()) summary["trace"] = o.trace;
   if (o.job.json) {
+    add_import_json(job, summary);
     std::cout << summary.dump(2) << "\n";
     return 0;
   }
@@ -111,7 +112,7 @@ int run_simulate(const SimulateOptions& o) {
   out << "closed-form peak " << format_gib(memory.per_gpu.total) << " vs simulated "
       << format_gib(r0["peak_memory_bytes"].get<double>()) << " on rank " << r0["rank"].get<int>() << "\n";
   if (!o.trace.empty()) out << "trace written to " << o.trace << " (open in Perfetto or chrome://tracing)\n";
-  std::cout << out.str();
+  std::cout << out.str() << import_text(job);
   return 0;
 }
 

@@ -73,7 +73,9 @@ int run_sweep(const SweepOptions& o) {
   else if (o.format == "markdown") std::cout << sweep_markdown(rows);
   else if (o.format == "svg") std::cout << frontier_svg(rows);
   else if (o.format == "json" || o.job.json) std::cout << sweep_json(rows).dump(2) << "\n";
-  else std::cout << sweep_table(rows);
+  else std::cout << sweep_table(rows) << import_text(job);
+  // CSV, Markdown and the JSON list keep their shape: what --from read goes to stderr.
+  if (o.format != "table" || o.job.json) std::cerr << import_text(job);
   return (o.cheapest || o.fastest) && rows.empty() ? 1 : 0;
 }
 

@@ -69,6 +69,16 @@ void add_commands(CLI::App& app, Commands& c) {
                       "before), auto (what the log says, else gib)")
       ->capture_default_str();
 
+  auto* exp = app.add_subcommand("export", "Write a plan in a training stack's own keys: a DeepSpeed, accelerate, axolotl, "
+                                           "torchtune or LLaMA-Factory config, a torchrun or sbatch launch script");
+  exp->add_option("plan", c.export_.plan, "Plan file from ftplan plan -o (or ftplan plan --json's output)")->required();
+  exp->add_option("--to", c.export_.to, "deepspeed | accelerate | axolotl | torchtune | llamafactory | torchrun | slurm")
+      ->required();
+  exp->add_option("-o,--output", c.export_.output, "Write to this file (default: standard output)");
+  exp->add_option("--time-margin", c.export_.time_margin,
+                  "slurm: the time limit is the plan's job time x (1 + margin), [0, 10] fraction")
+      ->capture_default_str();
+
   auto* gpus = app.add_subcommand("gpus", "The GPU catalogue (hwdb/): memory, dense peaks, NVLink domain, host memory, "
                                           "dated rental price");
   gpus->add_flag("--json", c.gpus.json, "Print JSON");
@@ -84,6 +94,7 @@ int run_selected(CLI::App& app, const Commands& c) {
   if (app.got_subcommand("compare")) return run_compare(c.compare);
   if (app.got_subcommand("validate")) return run_validate(c.validate);
   if (app.got_subcommand("gpus")) return run_gpus(c.gpus);
+  if (app.got_subcommand("export")) return run_export(c.export_);
   return 2;
 }
 

@@ -74,6 +74,13 @@ struct GpusOptions {
   bool json = false;
 };
 
+struct ExportCommandOptions {
+  std::string plan;          // plan.json from ftplan plan -o (or ftplan plan --json's output)
+  std::string to;            // deepspeed | accelerate | axolotl | torchtune | llamafactory | torchrun | slurm
+  std::string output;        // -o FILE (default: standard output)
+  double time_margin = 0.25; // slurm: time limit = job time x (1 + margin)
+};
+
 struct Commands {
   MemoryOptions memory;
   PlanOptions plan;
@@ -84,6 +91,7 @@ struct Commands {
   CompareOptions compare;
   ValidateOptions validate;
   GpusOptions gpus;
+  ExportCommandOptions export_;
 };
 
 void add_commands(CLI::App& app, Commands& commands);
@@ -98,6 +106,7 @@ int run_report(const ReportOptions& options);
 int run_compare(const CompareOptions& options);
 int run_validate(const ValidateOptions& options);
 int run_gpus(const GpusOptions& options);
+int run_export(const ExportCommandOptions& options);
 
 // --gpu-types and --gpu-counts of ftplan sweep and ftplan report, read and checked (InputError
 // naming the flag): the GPU types (default every GPU of hwdb/), each checked against the job's

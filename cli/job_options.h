@@ -3,11 +3,14 @@
 // flag is a row of planner/job_fields.h's table, read through cli/field_flags.h.
 #pragma once
 
+#include <optional>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
 #include "cli/field_flags.h"
+#include "planner/config_import.h"
 #include "planner/hardware_spec.h"
 #include "planner/model_spec.h"
 #include "planner/training_setup.h"
@@ -16,6 +19,7 @@ namespace ftplan::cli {
 
 struct JobOptions {
   std::string job_file;
+  std::vector<std::string> from;  // --from FILE (repeatable): DeepSpeed, accelerate, axolotl, torchtune, ... configs
   FieldFlags flags;  // the table's kFtplanFlag rows as typed
   bool json = false;
 };
@@ -29,10 +33,16 @@ struct LoadedJob {
   ModelSpec model;
   HardwareSpec hardware;
   std::string model_path;  // the config.json the model came from (resolved)
+  std::optional<ConfigImport> imported;  // what --from read: files, mapped and ignored keys, notes
 };
 
-// Reads the job file (if any), applies the flags, loads the model config and the hwdb entry, and
-// runs the whole-job checks (validate_job).
+// Reads the job file (if any), applies the flags, reads the --from configs (a flag or job key that
+// contradicts them is an error naming both), loads the model config and the hwdb entry, and runs
+// the whole-job checks (validate_job).
 LoadedJob load_job(const JobOptions& options);
+
+// What --from read, in a command's output: the "import" object of its JSON, or lines under its table.
+void add_import_json(const LoadedJob& job, nlohmann::json& out);
+std::string import_text(const LoadedJob& job);
 
 }  // namespace ftplan::cli

@@ -122,15 +122,18 @@ nlohmann::json plan_report_json(const ModelSpec& model, const HardwareSpec& hw, 
   j["candidates"] = nlohmann::json::array();
   for (const auto& c : plan.candidates) j["candidates"].push_back(ranked_candidate_json(c));
   j["evaluated"] = plan.evaluated;
-  if (plan.recommended)
+  if (plan.recommended) {
+    // The recommended job as the plan file holds it: what `ftplan export` reads.
+    j["job"] = plan_file_json(model, hw, setup, *plan.recommended)["job"];
     j["recommended"] = {{"strategy", plan.recommended->candidate.name},
                         {"parallel", parallelism_json(plan.recommended->candidate.parallel)},
                         {"micro_batch", plan.recommended->candidate.micro_batch},
                         {"checkpointing", to_string(plan.recommended->candidate.checkpointing)},
                         {"activation_offload", plan.recommended->candidate.activation_offload},
                         {"reason", plan.reason},
-                        {"knobs", plan.knobs}};
-  else
+                        {"knobs", plan.knobs},
+                        {"job_time_s", job_value(plan.recommended->has_job, plan.recommended->job_time_s)}};
+  } else
     j["recommended"] = {{"strategy", nullptr}, {"reason", plan.reason}};
   j["rule_of_thumb"] = plan.rule_of_thumb;
   auto assumptions = memory_assumptions(model, hw, setup);

@@ -13,7 +13,8 @@ namespace ftplan {
 
 nlohmann::json ranked_candidate_json(const RankedCandidate& c);
 // The memory output's keys plus step_time_s, tokens_per_s, comm_bytes_per_step, job_time_s,
-// cost_usd per strategy; `candidates`; `recommended` {strategy, reason}.
+// cost_usd per strategy; `candidates`; `recommended` {strategy, reason, job_time_s, ...}; `job`: the
+// recommended job as the plan file holds it (what `ftplan export` reads).
 nlohmann::json plan_report_json(const ModelSpec& model, const HardwareSpec& hw, const TrainingSetup& setup,
                                 const PlanResult& plan);
 std::string plan_report_table(const ModelSpec& model, const HardwareSpec& hw, const TrainingSetup& setup,

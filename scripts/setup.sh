@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 
 # chromium and fonts-dejavu-core: tests/cli/report.sh renders ftplan report's page in headless chromium.
 packages=(build-essential cmake ninja-build pkg-config python3
-          nlohmann-json3-dev libcli11-dev libboost-graph-dev catch2 libbenchmark-dev
+          nlohmann-json3-dev libcli11-dev libboost-graph-dev libyaml-cpp-dev catch2 libbenchmark-dev
           chromium fonts-dejavu-core)
 if [ "${FTPLAN_PLANNER_ONLY:-0}" != 1 ]; then
   # LibTorch 1.13 (CPU) with Gloo for c10d; OpenBLAS because the reference BLAS is ~20x slower;

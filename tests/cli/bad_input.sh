@@ -134,6 +134,35 @@ expect_bad "experts on a dense family" "num_local_experts" memory --model "$TMP/
 expect_bad "an imbalance beyond num_experts / top_k" "moe.imbalance_factor" \
   memory --model mixtral-8x7b --gpu h100-sxm --moe-imbalance-factor 5
 
+# --from and export (issue 15): an unknown file kind, a value of the wrong type, malformed YAML, two
+# files that disagree, a flag that contradicts a file, a model the name table lacks, a setting the
+# planner does not model, and an export target that cannot express the plan.
+CONFIGS="$FTPLAN_DATA_DIR/tests/data/configs"
+printf 'foo: 1\nbar: [2]\n' >"$TMP/mystery.yaml"
+expect_bad "--from: unknown file kind" "mystery.yaml: unknown config kind" memory --from "$TMP/mystery.yaml"
+printf 'base_model: meta-llama/Llama-3.1-8B\nmicro_batch_size: four\n' >"$TMP/wrong-type.yml"
+expect_bad "--from: wrong value type" "wrong-type.yml: micro_batch_size" memory --from "$TMP/wrong-type.yml"
+printf '{"zero_optimization": {"stage": "three"}}' >"$TMP/wrong-stage.json"
+expect_bad "--from: wrong value type (DeepSpeed)" "wrong-stage.json: zero_optimization.stage" memory --model llama-3.2-1b --from "$TMP/wrong-stage.json"
+printf 'base_model: [unclosed\n' >"$TMP/broken.yml"
+expect_bad "--from: malformed YAML" "broken.yml" memory --from "$TMP/broken.yml"
+printf '{"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 3}}' >"$TMP/ds-mb4.json"
+expect_bad "--from: two files disagree" "qlora.yml: micro_batch_size 2 disagrees with" \
+  memory --from "$CONFIGS/axolotl/examples/llama-3/qlora.yml" --from "$TMP/ds-mb4.json" --gpus 4
+expect_bad "--from: a flag contradicts a file" "--seq-len 1024 contradicts" \
+  memory --from "$CONFIGS/axolotl/examples/llama-3/qlora.yml" --seq-len 1024
+expect_bad "--from: a strategy flag contradicts the DeepSpeed stage" "zero_optimization.stage" \
+  memory --model llama-3.2-1b --from "$CONFIGS/axolotl/deepspeed_configs/zero3.json" --gpus 4 --strategy zero2
+expect_bad "--from: unknown model name" "model_name_or_path" memory --from "$CONFIGS/llamafactory/examples/train_lora/qwen3_lora_sft.yaml"
+expect_bad "--from: a setting not modelled" "zero_optimization.offload_param" \
+  memory --model llama-3.2-1b --from "$CONFIGS/axolotl/deepspeed_configs/zero3_bf16_cpuoffload_params.json"
+expect_bad "--from: a missing file" "--from" memory --from "$TMP/no-such-config.yml"
+"$FTPLAN" plan --model llama-3.2-1b --gpu h100-sxm --gpus 4 --strategy zero2 --micro-batch 2 -o "$TMP/plan-z2.json" >/dev/null 2>&1
+python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); d["job"].pop("strategy", None); d["job"]["parallel"] = "dp_shard=4,shard=zero2,offload=optimizer+params"; json.dump(d, open(sys.argv[1], "w"))' "$TMP/plan-z2.json"
+expect_bad "export: param offload below stage 3" "--to deepspeed: zero_optimization.offload_param" export "$TMP/plan-z2.json" --to deepspeed
+expect_bad "export: unknown target" "--to" export "$TMP/plan-z2.json" --to megatron
+expect_bad "export: not a plan" "not a plan" export "$CONFIGS/axolotl/deepspeed_configs/zero3.json" --to deepspeed
+
 if [ "$failures" -ne 0 ]; then
   echo "bad_input.sh: $failures check(s) failed"
   exit 1

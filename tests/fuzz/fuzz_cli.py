@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""Fuzz test of ftplan and ftexec over mutated job files, model configs, plans, measurements and flags.
+"""Fuzz test of ftplan and ftexec over mutated job files, model configs, plans, measurements and flags,
+and mutated training configs (tests/data/configs: DeepSpeed JSON, accelerate, axolotl, torchtune and
+LLaMA-Factory YAML) read with --from, and mutated plans given to ftplan export.
 
 Every run must end with exit code 0, 1 or 2 (never a crash, an internal error or a signal), within
 10 s, print no NaN or infinity, and, when it exits 2, say why on exactly one line of standard error.
@@ -100,6 +102,31 @@ def mutate_json(rng, text):
     return set_raw(doc, path, rng.choice(RAW_VALUES))
 
 
+YAML_VALUES = RAW_VALUES + ["auto", "[1, 2]", "{a: 1}", "'x'", "yes", "~", "2e-5", "1_000", "&a x", "*a", ": :",
+                            "- x", "[", "torchtune.models.llama3_1.lora_llama3_1_8b", "meta-llama/Llama-3.1-8B"]
+YAML_LINE = re.compile(r"^(\s*)([A-Za-z_][\w.]*):(\s*)(.*)$")
+
+
+def mutate_yaml(rng, text):
+    """One random mutation of a YAML document (a config --from reads), returned as text."""
+    kind = rng.random()
+    if kind < 0.05:
+        return text[: rng.randrange(len(text))]                      # truncated
+    lines = text.split("\n")
+    keyed = [i for i, line in enumerate(lines) if YAML_LINE.match(line)]
+    if not keyed:
+        return text
+    i = rng.choice(keyed)
+    if kind < 0.15:                                                   # a key removed
+        del lines[i]
+    elif kind < 0.2:                                                  # an unknown key
+        lines.append("fuzz_%d: 1" % rng.randrange(100))
+    else:
+        m = YAML_LINE.match(lines[i])
+        lines[i] = "%s%s: %s" % (m.group(1), m.group(2), rng.choice(YAML_VALUES))
+    return "\n".join(lines)
+
+
 def random_flags(rng, names, count):
     args = []
     for name in rng.sample(names, min(count, len(names))):
@@ -115,6 +142,14 @@ class Fuzzer:
         self.models = sorted(glob.glob(os.path.join(ROOT, "configs/models/*.json")))
         self.counter = 0
         self.plan_text, self.measured_text = self.make_plan_and_measurement()
+        # Training configs for --from (tests/data/configs) and a plan to export.
+        self.configs = sorted(glob.glob(os.path.join(ROOT, "tests/data/configs/**/*.*"), recursive=True))
+        self.configs = [c for c in self.configs if c.endswith((".json", ".yml", ".yaml"))]
+        export_plan = os.path.join(workdir, "export-plan.json")
+        subprocess.run([ftplan, "plan", "--model", "llama-3.2-1b", "--gpu", "h100-sxm", "--gpus", "4", "--strategy",
+                        "zero3", "--micro-batch", "2", "--dataset-rows", "1000", "-o", export_plan], check=True,
+                       capture_output=True, timeout=RUN_LIMIT_S)
+        self.export_text = open(export_plan).read()
 
     def file(self, name, text):
         self.counter += 1
@@ -156,7 +191,31 @@ class Fuzzer:
             cmd = rng.choice(["memory", "plan", "simulate"])
             return cmd + " model-config", [self.ftplan, cmd, "--model", model, "--seq-len", "256"] + \
                 random_flags(rng, PLAN_FLAGS[2:], rng.randrange(0, 3))
-        if r < 0.75:   # flags only
+        if r < 0.63 and self.configs:   # mutated training configs read with --from, maybe with flags
+            cmd = rng.choice(["memory", "plan", "check", "sweep", "simulate"])
+            args = [self.ftplan, cmd]
+            for _ in range(rng.choice([1, 1, 2])):
+                source = rng.choice(self.configs)
+                text = open(source).read()
+                if source.endswith(".json"):
+                    # JSON is YAML too: written as .yml it goes through the YAML reader.
+                    name = rng.choice(["ds.json", "ds.yml"])
+                    text = mutate_json(rng, text) if rng.random() < 0.8 else text
+                else:
+                    name = "config.yaml"
+                    text = mutate_yaml(rng, text) if rng.random() < 0.8 else text
+                args += ["--from", self.file(name, text)]
+            args += rng.choice([["--model", "llama-3.2-1b"], ["--gpus", "4"], []])
+            args += random_flags(rng, PLAN_FLAGS[1:], rng.randrange(0, 2)) + rng.choice([[], ["--json"]])
+            if cmd == "sweep":
+                args += ["--gpu-types", "h100-sxm", "--gpu-counts", "1,8"]
+            return cmd + " --from", args
+        if r < 0.68:   # export a mutated plan to a target
+            plan = self.file("plan.json", mutate_json(rng, self.export_text) if rng.random() < 0.8 else self.export_text)
+            target = rng.choice(["deepspeed", "accelerate", "axolotl", "torchtune", "llamafactory", "torchrun", "slurm", "x"])
+            return "export", [self.ftplan, "export", plan, "--to", target] + rng.choice([[], ["--time-margin", "0.1"],
+                                                                                             ["--time-margin", "-1"]])
+        if r < 0.78:   # flags only
             cmd = rng.choice(["memory", "plan", "check", "sweep", "simulate"])
             args = [self.ftplan, cmd, "--model", rng.choice(["tiny-test", "llama-3-8b", "qwen2-0.5b"])]
             args += random_flags(rng, PLAN_FLAGS[1:], rng.randrange(1, 5))
