@@ -33,6 +33,8 @@ std::vector<SweepRow> run_sweep(const ModelSpec& model, const std::vector<Hardwa
         // A fixed composition keeps its model-parallel degrees and scales its data parallelism.
         const auto scaled = scaled_layout(layout.parallel, n, hw);
         if (!scaled) continue;
+        // A composition is named by its degrees: the scaled ones (a preset keeps its name).
+        if (!preset_of(layout.parallel)) layout.name = name(*scaled);
         layout.parallel = *scaled;
         const ShardShape shape = shard_shape(layout.parallel);
         if (!contexts.count(shape)) contexts.emplace(shape, prepare_plan(model, hw, setup, n, shape, nets));
