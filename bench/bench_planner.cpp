@@ -76,16 +76,23 @@ BENCHMARK(BM_Sweep)->Arg(8)->Arg(64)->Arg(200)->Unit(benchmark::kMillisecond);
 // H100s (every count; every preset and every composition torchtitan can run: tp x sp x cp x pp with
 // its schedules x the data-parallel rest, x micro-batches x checkpointing x attention) in under 1 s on
 // one core, at >= 1,000,000 candidate evaluations per second.
-void BM_Search70BFullOver1To1024H100(benchmark::State& state) {
-  const ModelSpec model = load_model("llama-3.1-70b");
-  const HardwareSpec hw = load_hardware("h100-sxm");
+// Llama-3.1-70B full fine-tuning at 8,192 tokens under torchtitan (every dimension on offer).
+TrainingSetup llama70b_full_setup(int64_t gpus) {
   TrainingSetup setup;
   setup.model = "llama-3.1-70b";
   setup.framework = "torchtitan";
   setup.method = Method::full;
   setup.seq_len = 8192;
   setup.grad_accum = 16;
+  setup.num_gpus = gpus;
   setup.dataset.rows = 100000;
+  return setup;
+}
+
+void BM_Search70BFullOver1To1024H100(benchmark::State& state) {
+  const ModelSpec model = load_model("llama-3.1-70b");
+  const HardwareSpec hw = load_hardware("h100-sxm");
+  const TrainingSetup setup = llama70b_full_setup(1);
   std::vector<int64_t> counts;
   for (int64_t n = 1; n <= state.range(0); ++n) counts.push_back(n);
   int64_t evaluated = 0;
@@ -107,14 +114,7 @@ BENCHMARK(BM_Search70BFullOver1To1024H100)->Arg(1024)->Unit(benchmark::kMillisec
 void BM_Plan70BFull32H100(benchmark::State& state) {
   const ModelSpec model = load_model("llama-3.1-70b");
   const HardwareSpec hw = load_hardware("h100-sxm");
-  TrainingSetup setup;
-  setup.model = "llama-3.1-70b";
-  setup.framework = "torchtitan";
-  setup.method = Method::full;
-  setup.seq_len = 8192;
-  setup.grad_accum = 16;
-  setup.num_gpus = 32;
-  setup.dataset.rows = 100000;
+  const TrainingSetup setup = llama70b_full_setup(32);
   int64_t evaluated = 0;
   for (auto _ : state) {
     const PlanResult plan = plan_job(model, hw, setup, Objective::time);

@@ -17,6 +17,7 @@
 #include "planner/plan_search.h"
 #include "planner/step_time.h"
 #include "planner/training_setup.h"
+#include "planner_fixtures.h"
 
 using Catch::Matchers::Contains;
 using Catch::Matchers::WithinRel;
@@ -34,14 +35,7 @@ constexpr double kExact = 1e-12;
 
 ftplan::TrainingSetup make_setup(const std::string& model, Method method, int64_t gpus, int64_t seq_len,
                                  int64_t grad_accum = 1) {
-  ftplan::TrainingSetup s;
-  s.framework = "ftexec";
-  s.model = model;
-  s.method = method;
-  s.num_gpus = gpus;
-  s.seq_len = seq_len;
-  s.grad_accum = grad_accum;
-  return s;
+  return ftplan::testing::ftexec_setup(model, method, gpus, seq_len, grad_accum);
 }
 
 std::string joined(const std::vector<std::string>& lines) {

@@ -12,6 +12,7 @@
 #include "planner/model_spec.h"
 #include "planner/step_time.h"
 #include "planner/training_setup.h"
+#include "planner_fixtures.h"
 
 using Catch::Matchers::WithinRel;
 using ftplan::load_model;
@@ -33,14 +34,7 @@ constexpr double kExact = 1e-12;  // same arithmetic, different order
 
 ftplan::TrainingSetup make_setup(const std::string& model, Method method, int64_t gpus, int64_t seq_len,
                                  int64_t grad_accum = 1) {
-  ftplan::TrainingSetup s;
-  s.framework = "ftexec";  // the formulas checked here are ftexec's behaviour; profiles: test_framework.cpp
-  s.model = model;
-  s.method = method;
-  s.num_gpus = gpus;
-  s.seq_len = seq_len;
-  s.grad_accum = grad_accum;
-  return s;
+  return ftplan::testing::ftexec_setup(model, method, gpus, seq_len, grad_accum);
 }
 
 // Llama-3-8B by hand: the 7 block linears hold 2·4096·4096 + 2·4096·1024 + 3·4096·14336
