@@ -497,7 +497,13 @@ MemoryEstimate estimate_memory(const PreparedJob& job, const Candidate& c, int64
     MemoryBreakdown worst;
     int64_t worst_sum = -1;
     double worst_host = 0, worst_act_host = 0;
-    for (int64_t k = 0; k < p; ++k) {
+    // Only stages 0, 1 and p - 1 can hold the peak: a middle stage k >= 2 has no more layers (the first
+    // L mod chunks chunks take one more) and no more micro-batches in flight than stage 1, so its terms
+    // are each at most stage 1's (a search meets pipelines of up to 80 stages many times).
+    std::vector<int64_t> stages{0};
+    if (p > 1) stages.push_back(1);
+    if (p > 2) stages.push_back(p - 1);
+    for (int64_t k : stages) {
       int64_t layers = 0;
       for (int64_t j = 0; j < v; ++j) {
         const int64_t chunk = j * p + k;

@@ -64,8 +64,11 @@ const Interconnect& PlanContext::group_net(const GroupPlacement& g) const {
   // group_interconnect reads the job's size only as the GPUs it uses on a node.
   const int64_t on_node = std::min<int64_t>(std::max<int64_t>(1, num_gpus), std::max<int64_t>(1, memory.hw->gpus_per_node));
   const auto key = std::make_tuple(g.size, g.stride, on_node);
+  for (const auto& [k, net] : recent_nets)
+    if (k == key) return *net;
   auto it = group_nets->find(key);
   if (it == group_nets->end()) it = group_nets->emplace(key, group_interconnect(*memory.hw, g.size, g.stride, on_node)).first;
+  recent_nets.emplace_back(key, &it->second);
   return it->second;
 }
 

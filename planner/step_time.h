@@ -20,6 +20,7 @@
 #include <tuple>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "planner/collectives.h"
 #include "planner/compute_model.h"
@@ -51,10 +52,13 @@ struct PlanContext {
 
   // The network of one process group (planner/parallelism.h GroupPlacement), computed once per
   // (size, stride, GPUs used on a node) and kept: a search meets the same groups in many layouts, and
-  // contexts of one GPU type may share the cache (share_group_nets) across shapes and GPU counts.
+  // contexts of one GPU type may share the cache across shapes and GPU counts (prepare_plan's
+  // group_nets argument; set once there, since recent_nets points into it).
   const Interconnect& group_net(const GroupPlacement& group) const;
   using GroupNets = std::map<std::tuple<int64_t, int64_t, int64_t>, Interconnect>;
   std::shared_ptr<GroupNets> group_nets = std::make_shared<GroupNets>();
+  // This context's few groups, scanned before the shared map (map nodes do not move).
+  mutable std::vector<std::pair<std::tuple<int64_t, int64_t, int64_t>, const Interconnect*>> recent_nets;
 };
 
 // The pointers inside must outlive the context.
