@@ -111,6 +111,8 @@ const std::vector<std::pair<std::string, Setter>>& leaves() {
          if (p.default_sharding != "fsdp" && p.default_sharding != "zero3") fail_input(n + ": '" + p.default_sharding + "' is not fsdp or zero3");
        }},
       {"parallelism.tensor_parallel", [](P& p, const Json& v, const std::string& n) { p.offers_tensor_parallel = boolean(v, n); }},
+      {"parallelism.model_parallel_with_pure_replicas",
+       [](P& p, const Json& v, const std::string& n) { p.model_parallel_with_pure_replicas = boolean(v, n); }},
       {"parallelism.tensor_parallel_with_lora",
        [](P& p, const Json& v, const std::string& n) { p.tensor_parallel_with_lora = boolean(v, n); }},
       {"parallelism.sequence_parallel",
@@ -304,6 +306,10 @@ void apply_framework(TrainingSetup& s, const FrameworkProfile& p) {
     if (q.tp > 1 && !q.sequence_parallel && p.sequence_parallel == "always")
       problems.push_back("--parallel tp=" + std::to_string(q.tp) + " without sp=1: " + fw + " always runs sequence parallelism with tensor parallelism");
     if (q.cp > 1 && !p.offers_context_parallel) problems.push_back("--parallel cp=" + std::to_string(q.cp) + ": " + fw + " has no context parallelism");
+    if ((q.tp > 1 || q.cp > 1) && q.dp_replicate > 1 && q.dp_shard == 1 && !p.model_parallel_with_pure_replicas)
+      problems.push_back("--parallel tp=" + std::to_string(q.tp) + ",cp=" + std::to_string(q.cp) + ",dp_replicate=" +
+                         std::to_string(q.dp_replicate) + ": " + fw +
+                         " composes tensor/context parallelism with sharded data parallelism only (dp_shard > 1)");
     if (q.ep > 1 && !p.offers_expert_parallel) problems.push_back("--parallel ep=" + std::to_string(q.ep) + ": " + fw + " has no expert parallelism");
     const bool preset_pipeline = preset_of(q).has_value();  // mp, pipeline, pipeline_1f1b stay available everywhere
     if (q.pp > 1 && !preset_pipeline && !p.offers_pipeline_parallel)

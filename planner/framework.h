@@ -103,6 +103,8 @@ struct FrameworkProfile {
   std::string default_sharding = "fsdp";  // dp_shard without shard=: "fsdp" or "zero3"
   bool offers_tensor_parallel = false;
   bool tensor_parallel_with_lora = false;
+  // tp or cp over pure replicas (dp_replicate > 1 with dp_shard = 1); accelerate refuses it
+  bool model_parallel_with_pure_replicas = true;
   std::string sequence_parallel = "never";  // with tensor parallelism: "never", "optional", "always"
   bool offers_context_parallel = false;
   ContextParallel cp_mode = ContextParallel::all_gather;  // how its context parallelism exchanges K and V

@@ -257,6 +257,7 @@ std::vector<Parallelism> composition_layouts(const ModelSpec& model, const Hardw
                 }
               }
               if (tp == 1 && cp == 1 && pp == 1) continue;  // data parallelism alone: the presets
+              if ((tp > 1 || cp > 1) && p.dp_replicate > 1 && p.dp_shard == 1 && !fw.model_parallel_with_pure_replicas) continue;
               if (preset_of(p)) continue;                   // pipelines alone: the presets too
               if (!parallelism_problems(p, model, setup, n, attention).empty()) continue;
               out.push_back(p);

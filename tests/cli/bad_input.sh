@@ -114,6 +114,7 @@ expect_bad "a sequence cp cannot split" "cp(3) cannot split seq_len(4096)" "${P[
 expect_bad "an unknown key in --parallel" "--parallel: foo: unknown key" "${P[@]}" --gpus 8 --parallel tp=8,foo=1
 expect_bad "a degree given twice" "--parallel: tp: given twice" "${P[@]}" --gpus 8 --parallel tp=2,tp=4
 expect_bad "a dimension the framework does not offer" "composes no pipeline parallelism" plan --model llama-3-8b --gpu h100-sxm --framework hf --gpus 8 --parallel pp=2,dp_shard=4
+expect_bad "accelerate's tp/cp over pure replicas" "sharded data parallelism only" plan --model llama-3-8b --gpu h100-sxm --gpus 8 --seq-len 4096 --parallel cp=2,dp_replicate=4
 printf '{"model": "llama-3-8b", "gpu": "h100-sxm", "gpus": 16, "framework": "torchtitan", "parallel": "tp=8,dp_shard=4"}' >"$TMP/parallel-job.json"
 expect_bad "a job file's parallel key" "tp(8) * dp_shard(4) = 32 != gpus(16)" plan "$TMP/parallel-job.json"
 
