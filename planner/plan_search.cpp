@@ -222,9 +222,8 @@ std::vector<Parallelism> composition_layouts(const ModelSpec& model, const Hardw
                 if (pp * v <= model.num_layers) schedules.push_back({sc, v});
           }
         }
-        for (bool sp : sps) {
-          if (sp && tp == 1) continue;
-          if (!sp && tp == 1 && sps.size() == 1 && sps[0]) {}  // tp = 1: no sequence parallelism to apply
+        // Sequence parallelism applies to tensor parallelism only: without tp, one option (none).
+        for (bool sp : tp == 1 ? std::vector<bool>{false} : sps) {
           for (const auto& [schedule, v] : schedules)
             for (const std::string& sharding : shardings) {
               Parallelism p;

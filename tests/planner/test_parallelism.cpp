@@ -343,3 +343,24 @@ TEST_CASE("the plan's explanation names the degrees that decided", "[parallel][p
   }
   CHECK(slower > 0);
 }
+
+TEST_CASE("the search composes context parallelism without tensor parallelism under every framework offering it", "[parallel][plan]") {
+  // torchtune runs sequence parallelism whenever it runs tensor parallelism ("always"): layouts without
+  // tp still have their cp (a bug once dropped them, since sp needs tp).
+  const auto model = ftplan::load_model("llama-3.1-8b");
+  const auto hw = ftplan::load_hardware("h100-sxm");
+  const std::string framework = GENERATE(as<std::string>{}, "torchtune", "torchtitan", "hf");
+  CAPTURE(framework);
+  auto setup = make_setup("llama-3.1-8b", Method::full, 8, 65536);
+  setup.framework = framework;
+  int cp_only = 0, with_sp = 0;
+  for (const auto& p : ftplan::composition_layouts(model, hw, setup)) {
+    if (p.tp == 1 && p.cp > 1) ++cp_only;
+    if (p.sequence_parallel) {
+      ++with_sp;
+      CHECK(p.tp > 1);
+    }
+  }
+  CHECK(cp_only > 0);
+  if (framework != "hf") CHECK(with_sp > 0);  // hf: transformers' tp_plan has no sequence parallelism
+}
