@@ -235,7 +235,7 @@ Position load_checkpoint(const std::string& dir, DistStrategy& strategy, Comm& c
 
 // What decides what each rank's checkpoint files hold and how a resumed run continues from them:
 // compared field by field on --resume (executor/checkpoint.h).
-nlohmann::json checkpoint_layout(const ExecJob& job, const std::string& strategy_name, const StrategyOptions& so) {
+nlohmann::json checkpoint_layout(const ExecJob& job, const std::string& strategy_name, const ftplan::Parallelism& p) {
   const auto& s = job.setup;
   nlohmann::json layout = {{"strategy", strategy_name},
                            {"method", ftplan::to_string(s.method)},
@@ -247,7 +247,8 @@ nlohmann::json checkpoint_layout(const ExecJob& job, const std::string& strategy
                            {"model_config_crc32", crc32_hex(ftplan::read_json_file(job.model_config_path).dump())}};
   if (s.method != ftplan::Method::full)
     layout["lora"] = {{"rank", s.lora.rank}, {"alpha", s.lora.alpha}, {"targets", s.lora.targets}};
-  if (so.strategy == ftplan::Strategy::fsdp_hybrid) layout["shard_group_size"] = so.shard_group_size;
+  // HSDP: which ranks hold the same shard.
+  if (p.shards_params() && p.dp_replicate > 1) layout["shard_group_size"] = p.dp_shard;
   return layout;
 }
 
@@ -264,11 +265,9 @@ nlohmann::json comm_json(const CommStats& s, double steps, bool calls) {
 
 nlohmann::json run_rank(const ExecJob& job, const DistEnv& env, const DistOptions& o) {
   const auto& s = job.setup;
-  const ftplan::Strategy strategy_kind = *s.strategy;
-  if (!dist_strategy_supported(strategy_kind))
-    ftplan::fail_input("strategy " + ftplan::to_string(strategy_kind) +
-                       ": not run by ftexec with several ranks (ddp, zero1, zero2, zero2_offload, zero3, zero3_offload, "
-                       "fsdp, fsdp_shard_grad_op, fsdp_hybrid, mp, pipeline (GPipe), pipeline_1f1b)");
+  // The layout every strategy class reads (InputError naming the operands when it does not fit the world).
+  const ftplan::Parallelism layout = exec_parallelism(job, env.world, o.shard_group_size);
+  const std::string strategy_name = s.strategy && !s.parallel ? ftplan::to_string(*s.strategy) : ftplan::name(layout);
   // CUDA: one GPU per local rank and NCCL; CPU: Gloo.
   const bool cuda = job.device.rfind("cuda", 0) == 0;
   // Ranks beyond the visible GPUs share them round robin (NCCL itself refuses two ranks of one
@@ -307,6 +306,9 @@ nlohmann::json run_rank(const ExecJob& job, const DistEnv& env, const DistOption
   if (s.attention == ftplan::Attention::fused && !compat::kHasSdpa)
     notes.push_back(std::string("attention fused requested, but libtorch ") + compat::torch_version() +
                     " has no SDPA: ran eager attention");
+  if (layout.shards_params() && layout.dp_replicate > 1)
+    notes.push_back("shard groups of " + std::to_string(layout.dp_shard) + " ranks (dp_shard), gradient shards all-reduced across " +
+                    std::to_string(layout.dp_replicate) + " replica groups (dp_replicate) once per step");
 
   const int64_t micro_batch = s.micro_batch_or(1);
   std::vector<double> losses, step_times, comm_times;
@@ -322,7 +324,7 @@ nlohmann::json run_rank(const ExecJob& job, const DistEnv& env, const DistOption
     if (s.method == ftplan::Method::qlora) llama_quantize_nf4(model);
     if (s.method != ftplan::Method::full) lora_attach(model, s.lora, static_cast<uint64_t>(s.seed));
     StrategyOptions so;
-    so.strategy = strategy_kind;
+    so.parallel = layout;
     so.method = s.method;
     so.precision = s.precision;
     so.adamw = AdamWOptions{s.learning_rate, job.adam_beta1, job.adam_beta2, job.adam_eps, job.weight_decay};
@@ -331,24 +333,13 @@ nlohmann::json run_rank(const ExecJob& job, const DistEnv& env, const DistOption
     so.ddp_bucket_bytes = static_cast<int64_t>(o.ddp_bucket_mb * double(1 << 20));
     so.ddp_first_bucket_bytes = std::min<int64_t>(so.ddp_bucket_bytes, so.ddp_first_bucket_bytes);
     so.zero_bucket_elements = static_cast<int64_t>(o.zero_bucket_elements);
-    if (strategy_kind == ftplan::Strategy::fsdp_hybrid) {
-      // A node's ranks shard one replica: the hwdb entry's gpus_per_node, as the planner assumes
-      // (planner/memory_model.cpp, min(N, gpus_per_node)), unless --shard-group-size says otherwise.
-      so.shard_group_size = o.shard_group_size > 0 ? o.shard_group_size : ftplan::load_hardware(s.gpu).gpus_per_node;
-      so.shard_group_size = std::min<int64_t>(so.shard_group_size, comm->world());
-      notes.push_back("fsdp_hybrid: shard groups of " + std::to_string(so.shard_group_size) + " ranks (" +
-                      (o.shard_group_size > 0 ? std::string("--shard-group-size") : "gpus_per_node of hwdb/" + s.gpu + ".json") +
-                      "), gradient shards all-reduced across " + std::to_string(comm->world() / so.shard_group_size) +
-                      " replica groups once per step");
-    }
     std::unique_ptr<DistStrategy> strategy = make_dist_strategy(model, *comm, so);
     dp = strategy->data_parallel_size();
-    const std::string name = ftplan::to_string(strategy_kind);
 
     auto data = open_data_source(s.data, job.model.vocab_size, static_cast<uint64_t>(s.seed));
-    const nlohmann::json layout = o.checkpoint_dir.empty() ? nlohmann::json() : checkpoint_layout(job, name, so);
+    const nlohmann::json ck_layout = o.checkpoint_dir.empty() ? nlohmann::json() : checkpoint_layout(job, strategy_name, layout);
     if (o.resume) {
-      pos = load_checkpoint(o.checkpoint_dir, *strategy, *comm, layout);
+      pos = load_checkpoint(o.checkpoint_dir, *strategy, *comm, ck_layout);
       for (int64_t i = 0; i < pos.micro_batches; ++i) data->next(micro_batch, s.seq_len);
       first_step = pos.step;
     } else if (!o.checkpoint_dir.empty()) {
@@ -387,7 +378,7 @@ nlohmann::json run_rank(const ExecJob& job, const DistEnv& env, const DistOption
       pos.step = step + 1;
       // (The checkpoint's barriers count as control traffic, outside the per-step figures.)
       if (!o.checkpoint_dir.empty() && (o.checkpoint_every > 0 ? pos.step % o.checkpoint_every == 0 : pos.step == s.steps))
-        save_checkpoint(o.checkpoint_dir, pos, *strategy, *comm, s.model, layout, o.keep_last);
+        save_checkpoint(o.checkpoint_dir, pos, *strategy, *comm, s.model, ck_layout, o.keep_last);
     }
     comm_stats = comm->stats();
     compat::cuda_synchronize();
@@ -483,7 +474,8 @@ nlohmann::json run_rank(const ExecJob& job, const DistEnv& env, const DistOption
                   "(planner/collectives.h), loss and gradient-norm reductions counted apart as control");
   ftplan::TrainingSetup setup = s;
   setup.num_gpus = comm->world();
-  nlohmann::json candidate = {{"strategy", ftplan::to_string(strategy_kind)},
+  nlohmann::json candidate = {{"strategy", strategy_name},
+                              {"parallel", ftplan::parallelism_json(layout)},
                               {"micro_batch", micro_batch},
                               {"checkpointing", ftplan::to_string(*s.checkpointing)},
                               {"attention", mo.use_sdpa ? "fused" : "eager"},

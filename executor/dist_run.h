@@ -47,8 +47,8 @@ struct DistOptions {
   double ddp_bucket_mb = 25;         // DDP bucket_cap_mb
   double zero_bucket_elements = 5e8; // DeepSpeed reduce_bucket_size
   std::string backend = "auto";      // auto (nccl on CUDA, gloo on CPU) | gloo | nccl
-  int64_t shard_group_size = 0;      // fsdp_hybrid: ranks per shard group, e.g. 2; 0: the job gpu's
-                                     // gpus_per_node in hwdb/
+  int64_t shard_group_size = 0;      // --strategy fsdp_hybrid: ranks per shard group (dp_shard), e.g. 2;
+                                     // 0: the job's gpus_per_node, else its GPU's in hwdb/
 };
 
 // Runs this rank. Returns the merged measured.json on rank 0 and null on the others. Throws

@@ -2,8 +2,8 @@
 
 #include <algorithm>
 
-#include "executor/strategy.h"
 #include "planner/data_paths.h"
+#include "planner/hardware_spec.h"
 #include "planner/errors.h"
 #include "planner/job_fields.h"
 #include "planner/json_fields.h"
@@ -45,7 +45,8 @@ ExecJob make_exec_job(const ftplan::TrainingSetup& setup_in, const std::string& 
   s.device = job.device.substr(0, 4) == "cuda" ? "cuda" : job.device;
   if (!s.micro_batch) s.micro_batch = 1;
   if (!s.checkpointing) s.checkpointing = ftplan::Checkpointing::none;
-  // A --parallel layout equal to a preset runs as that preset; compositions are refused below.
+  // A --parallel layout equal to a preset is named by it (measured.json's candidate); the layout
+  // itself runs as given (exec_parallelism), and what ftexec cannot run is refused below.
   if (!s.strategy && s.parallel)
     if (const auto p = ftplan::preset_of(*s.parallel)) s.strategy = *p;
   if (!s.strategy) s.strategy = ftplan::Strategy::single;
@@ -54,8 +55,6 @@ ExecJob make_exec_job(const ftplan::TrainingSetup& setup_in, const std::string& 
   std::vector<std::string> problems;
   if (job.device != "cpu" && job.device.rfind("cuda:", 0) != 0)
     problems.push_back("--device: \"" + job.device + "\" is not cpu or cuda[:N]");
-  if (!(*s.strategy == ftplan::Strategy::single || dist_strategy_supported(*s.strategy)))
-    problems.push_back("strategy " + ftplan::to_string(*s.strategy) + ": not run by ftexec");
   try {
     job.model_config_path = ftplan::resolve_data_file(s.model, "configs/models", "--model");
     const std::string stem = s.model.find('/') == std::string::npos ? s.model : job.model_config_path;
@@ -72,6 +71,45 @@ ExecJob make_exec_job(const ftplan::TrainingSetup& setup_in, const std::string& 
   }
   job.warmup_steps = std::min<int64_t>(job.warmup_steps, s.steps - 1);
   return job;
+}
+
+ftplan::Parallelism exec_parallelism(const ExecJob& job, int world, int64_t shard_group_size) {
+  const ftplan::TrainingSetup& s = job.setup;
+  ftplan::Parallelism p;
+  std::string field, hint;
+  if (s.parallel) {
+    p = *s.parallel;
+    field = "--parallel " + ftplan::to_string(p);
+  } else {
+    const ftplan::Strategy strategy = s.strategy.value_or(ftplan::Strategy::single);
+    // The ranks of one node: fsdp_hybrid shards inside it (the planner's min(N, gpus_per_node)).
+    const bool own = shard_group_size > 0;
+    const int64_t per_node = own ? shard_group_size
+                                 : s.gpus_per_node ? *s.gpus_per_node : ftplan::load_hardware(s.gpu).gpus_per_node;
+    p = ftplan::preset(strategy, world, per_node);
+    field = "--strategy " + ftplan::to_string(strategy);
+    if (p.shards_params() && p.dp_shard < world)
+      hint = " (shard groups of " + std::to_string(p.dp_shard) + " ranks: " +
+             (own ? std::string("--shard-group-size") : s.gpus_per_node ? std::string("--gpus-per-node")
+                                                                       : "gpus_per_node of hwdb/" + s.gpu + ".json") +
+             ")";
+  }
+  std::vector<std::string> problems;
+  if (p.gpus() != world) {
+    auto d = [](const char* k, int64_t v) { return std::string(k) + "(" + std::to_string(v) + ")"; };
+    problems.push_back(d("dp_replicate", p.dp_replicate) + " * " + d("dp_shard", p.dp_shard) + " * " + d("cp", p.cp) +
+                       " * " + d("tp", p.tp) + " * " + d("pp", p.pp) + " = " + std::to_string(p.gpus()) +
+                       " != WORLD_SIZE(" + std::to_string(world) + ")" + hint);
+  }
+  for (const auto& q : ftplan::parallelism_problems(p, job.model, s, p.gpus(), s.attention.value_or(ftplan::Attention::eager)))
+    problems.push_back(q);
+  for (const auto& q : ftplan::exec_layout_problems(p)) problems.push_back(q);
+  if (!problems.empty()) {
+    std::string msg = field + ": ";
+    for (size_t i = 0; i < problems.size(); ++i) msg += (i ? "; " : "") + problems[i];
+    ftplan::fail_input(msg);
+  }
+  return p;
 }
 
 nlohmann::json exec_settings_json(const ExecJob& job) {

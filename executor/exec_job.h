@@ -38,10 +38,21 @@ struct ExecJob {
 // InputError naming the file and field for anything malformed.
 ftplan::TrainingSetup setup_from_plan(const nlohmann::json& plan, const std::string& where);
 
-// Resolves the model config (short name or path), checks what ftexec supports (strategies single,
-// ddp, zero1, zero2, zero3, fsdp, mp, pipeline (GPipe); method full/lora, precision fp32/bf16/mixed, optimizer adamw), and fills defaults. Every problem
-// is collected and reported together in one InputError.
+// Resolves the model config (short name or path), checks what ftexec supports (every preset strategy,
+// a --parallel layout it can run (ftplan::exec_problems); method full/lora/qlora, precision
+// fp32/bf16/mixed, optimizer adamw), and fills defaults. Every problem is collected and reported
+// together in one InputError.
 ExecJob make_exec_job(const ftplan::TrainingSetup& setup, const std::string& device);
+
+// The layout this run executes on `world` ranks (planner/parallelism.h), the one description every
+// strategy class reads: the job's parallel key (--parallel) as given, else its strategy's preset
+// (--strategy, default single) over `world` ranks, with `shard_group_size` ranks per node when > 0
+// (--shard-group-size), else the job's gpus_per_node, else its GPU's in hwdb/ (fsdp_hybrid's shard
+// groups). InputError naming the field and every operand when the degrees do not multiply to the
+// world size (e.g. "--strategy fsdp_hybrid: dp_replicate(1) * dp_shard(4) * cp(1) * tp(1) * pp(1) = 4
+// != WORLD_SIZE(6)"), when the layout does not suit the model (ftplan::parallelism_problems: pp above
+// the layers, ...), or when ftexec cannot run it yet (ftplan::exec_layout_problems).
+ftplan::Parallelism exec_parallelism(const ExecJob& job, int world, int64_t shard_group_size = 0);
 
 // measured.json's "settings": the optimizer and run settings the run used (learning rate, AdamW betas,
 // epsilon, weight decay and what it excludes, gradient clipping, LoRA rank and alpha, warm-up, threads).

@@ -154,9 +154,11 @@ int run_run(const RunOptions& o) {
                        "): start as many ranks as the plan has GPUs");
   if (launcher) {
     // The job is valid (checked above, once): start the ranks, each of which runs this again.
-    if (*job.setup.strategy == ftplan::Strategy::single)
+    if (!job.setup.parallel && *job.setup.strategy == ftplan::Strategy::single)
       ftplan::fail_input("--nproc " + std::to_string(nproc) + " needs a distributed strategy (--strategy ddp, zero1, "
-                         "zero2, zero3, fsdp, mp or pipeline, or a plan for several GPUs)");
+                         "zero2, zero3, fsdp, mp or pipeline, --parallel, or a plan for several GPUs)");
+    // The layout's degrees against the ranks about to start (the ranks check again).
+    (void)ftexec::exec_parallelism(job, nproc, dist.shard_group_size);
     // Checked once here (the ranks check again, each on its own files): a missing checkpoint or a
     // DIR that holds another run's is one line before any rank starts.
     if (!o.dist.checkpoint_dir.empty()) ftexec::checkpoint_preflight(o.dist.checkpoint_dir, o.dist.resume);
@@ -165,7 +167,7 @@ int run_run(const RunOptions& o) {
     lo.timeout_s = dist.timeout_s;
     return ftexec::launch_local(lo, rank_args_, std::cerr);
   }
-  const bool distributed = env.world > 1 || *job.setup.strategy != ftplan::Strategy::single;
+  const bool distributed = env.world > 1 || job.setup.parallel || *job.setup.strategy != ftplan::Strategy::single;
   nlohmann::json measured;
   if (distributed) {
     measured = ftexec::run_rank(job, env, dist);

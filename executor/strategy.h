@@ -1,9 +1,13 @@
-// The distributed strategies ftexec runs, one class per concept (executor/strategies/):
-//   data_parallel.cpp  ddp, zero1, zero2, zero2_offload: every rank holds all parameters
-//   sharded.cpp        zero3, fsdp, fsdp_shard_grad_op, fsdp_hybrid, zero3_offload: each unit's
-//                      parameters sharded as flat buffers
-//   pipeline.cpp       mp (naive model parallel), pipeline_gpipe, pipeline_1f1b
+// The strategies ftexec runs, one class per concept (executor/strategies/), chosen from the
+// parallelism description (planner/parallelism.h), never from a preset's name:
+//   data_parallel.cpp  every rank holds all parameters: one process (all degrees 1), replicas
+//                      (dp_replicate > 1: DDP), ZeRO stage 1 or 2 over dp_shard (+ offload_optimizer)
+//   sharded.cpp        stage 3 (ZeRO-3 or FSDP; reshard_after_forward; HSDP when dp_replicate > 1;
+//                      offload_params): each unit's parameters sharded as flat buffers
+//   pipeline.cpp       pp stages (schedule naive, gpipe or 1f1b)
 //   common.cpp         the model's units, flat buffers, gradient clipping, the factory
+// The presets are points of that space (ftplan::preset): single, ddp, zero1/2/3, fsdp,
+// fsdp_shard_grad_op, fsdp_hybrid, zero2_offload, zero3_offload, mp, pipeline, pipeline_1f1b.
 // A "unit" is what ZeRO-3/FSDP gather at once and what the planner sums its collectives over
 // (planner/step_time.h): the embedding, each decoder block, the head (final norm + lm_head).
 //
@@ -24,12 +28,13 @@
 #include "executor/data.h"
 #include "executor/llama_model.h"
 #include "executor/trainer.h"
+#include "planner/parallelism.h"
 #include "planner/training_setup.h"
 
 namespace ftexec {
 
 struct StrategyOptions {
-  ftplan::Strategy strategy = ftplan::Strategy::ddp;
+  ftplan::Parallelism parallel;                         // the layout; parallel.gpus() == the world size
   ftplan::Method method = ftplan::Method::full;
   ftplan::Precision precision = ftplan::Precision::fp32;
   AdamWOptions adamw;
@@ -38,8 +43,6 @@ struct StrategyOptions {
   int64_t ddp_bucket_bytes = INT64_C(25) << 20;         // PyTorch DDP's bucket_cap_mb
   int64_t ddp_first_bucket_bytes = INT64_C(1) << 20;    // torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
   int64_t zero_bucket_elements = INT64_C(500000000);    // DeepSpeed's reduce_bucket_size
-  int64_t shard_group_size = 0;                         // fsdp_hybrid: ranks sharding one replica, e.g. 8
-                                                        // (a node); 0: the whole world
 };
 
 // Bytes this rank holds between steps, by kind.
@@ -74,10 +77,9 @@ class DistStrategy {
   double grad_norm_ = 0;
 };
 
-// InputError for a strategy or model this executor does not run (naming what is unsupported).
+// The strategy of options.parallel (the world is comm.world() == parallel.gpus()). InputError for a
+// layout or model this executor does not run (naming the field: the checks of ftplan::exec_problems
+// and exec_parallelism come first, so this is a second line of defence).
 std::unique_ptr<DistStrategy> make_dist_strategy(LlamaModel& model, Comm& comm, const StrategyOptions& options);
-
-// Strategies ftexec runs with several ranks (each with every method: full, LoRA, QLoRA).
-bool dist_strategy_supported(ftplan::Strategy s);
 
 }  // namespace ftexec

@@ -240,8 +240,8 @@ std::string read_text(const std::string& path) {
 nlohmann::json run_job(const ExecJob& job) {
   const auto& s = job.setup;
   const bool cuda = job.device.rfind("cuda", 0) == 0;
-  if (s.strategy && *s.strategy != ftplan::Strategy::single)
-    ftplan::fail_input("strategy " + ftplan::to_string(*s.strategy) +
+  if ((s.strategy && *s.strategy != ftplan::Strategy::single) || (s.parallel && s.parallel->gpus() > 1))
+    ftplan::fail_input("strategy " + (s.parallel ? ftplan::name(*s.parallel) : ftplan::to_string(*s.strategy)) +
                        " runs on several ranks: `ftexec run --nproc N`, torchrun, srun or mpirun (executor/dist_run.h)");
   if (cuda && !at::hasCUDA())
     ftplan::fail_input("--device " + job.device + ": this ftexec was built against a libtorch without CUDA (" +

@@ -96,6 +96,8 @@ class Trainer {
   int64_t weight_bytes() const;     // every parameter (frozen ones too)
   int64_t gradient_bytes() const;   // allocated gradients
   int64_t optimizer_bytes() const { return optimizer_.state_bytes(); }
+  AdamW& optimizer() { return optimizer_; }  // (checkpoints: its state and step count)
+  const AdamW& optimizer() const { return optimizer_; }
 
  private:
   LlamaModel& model_;

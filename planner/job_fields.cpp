@@ -109,7 +109,7 @@ const std::vector<Row>& rows() {
       text(FieldType::text, "parallel", "--parallel", "",
            "Fix a composition: degrees tp, sp, cp, pp, dp_replicate, dp_shard (+ shard=zero1|zero2|zero3|fsdp|"
            "fsdp_shard_grad_op, schedule=gpipe|1f1b|interleaved_1f1b, virtual_stages, cp_mode=ring|all_gather, "
-           "offload=optimizer|optimizer+params), e.g. \"tp=8,pp=2,dp_shard=4\" (default: searched)", kJobPlan,
+           "offload=optimizer|optimizer+params), e.g. \"tp=8,pp=2,dp_shard=4\" (default: searched)", kJob,
            [](T& s, const F& f, const J& v, const S& n) {
              s.parallel_text = field_text(f, v, n);
              s.parallel = parse_parallelism(s.parallel_text, n);  // re-read by apply_framework
@@ -461,12 +461,41 @@ void validate_layout(const TrainingSetup& s, const ModelSpec& model, const Hardw
   fail_input(msg);
 }
 
+std::vector<std::string> exec_layout_problems(const Parallelism& p) {
+  // Only what a valid layout (parallelism_problems) asks that ftexec cannot do yet.
+  std::vector<std::string> out;
+  auto d = [](const char* key, int64_t v) { return std::string(key) + "(" + std::to_string(v) + ")"; };
+  if (p.tp > 1) out.push_back(d("tp", p.tp) + " > 1: ftexec has no tensor parallelism yet");
+  if (p.sequence_parallel) out.push_back("sp=1: ftexec has no sequence parallelism yet");
+  if (p.cp > 1) out.push_back(d("cp", p.cp) + " > 1: ftexec has no context parallelism yet");
+  if (p.pipelined()) {
+    if (p.dp() > 1)
+      out.push_back(d("pp", p.pp) + " with " + d("dp_replicate", p.dp_replicate) + " * " + d("dp_shard", p.dp_shard) +
+                    " > 1: ftexec runs a pipeline without data parallelism yet");
+    else if (p.sharding != Sharding::none)
+      out.push_back(d("pp", p.pp) + " with shard=" + sharding_name(p) + ": ftexec runs a pipeline without sharding yet");
+    if (p.schedule == PipelineSchedule::interleaved_1f1b || p.virtual_stages > 1)
+      out.push_back("schedule=" + to_string(p.schedule) + " with " + d("virtual_stages", p.virtual_stages) +
+                    ": ftexec runs the naive, gpipe and 1f1b schedules, not interleaved 1F1B yet");
+    return out;
+  }
+  if (p.sharding != Sharding::none && p.offload_optimizer && p.zero_stage < 2)
+    out.push_back("offload=optimizer at zero_stage 1: ftexec offloads at stage 2 (zero2_offload) or 3 (zero3_offload)");
+  if (p.shards_params() && p.offload_optimizer && !p.offload_params)
+    out.push_back("offload=optimizer at zero_stage 3: ftexec offloads stage 3's parameters with the optimizer states "
+                  "(offload=optimizer+params)");
+  return out;
+}
+
 std::vector<std::string> exec_problems(const TrainingSetup& s, const ModelSpec& model) {
   std::vector<std::string> problems;
-  if (s.parallel && !preset_of(*s.parallel))
-    problems.push_back("--parallel (parallel) " + to_string(*s.parallel) +
-                       ": ftexec runs the thirteen presets (single, ddp, zero1-3, fsdp*, *_offload, mp, pipeline*), "
-                       "not compositions of tensor, context or pipeline parallelism with data parallelism yet");
+  if (s.parallel) {
+    // (Against its own GPU count: the ranks started decide the world, checked when they start.)
+    const Parallelism& p = *s.parallel;
+    for (const auto& q : parallelism_problems(p, model, s, p.gpus(), s.attention.value_or(Attention::eager)))
+      problems.push_back("--parallel (parallel) " + to_string(p) + ": " + q);
+    for (const auto& q : exec_layout_problems(p)) problems.push_back("--parallel (parallel) " + to_string(p) + ": " + q);
+  }
   if (s.precision == Precision::mixed_fp32_grads)
     problems.push_back("--precision (precision) mixed-fp32-grads: ftexec runs fp32, bf16 and mixed");
   if (s.optimizer != Optimizer::adamw)

@@ -86,7 +86,16 @@ void validate_layout(const TrainingSetup& setup, const ModelSpec& model, const H
                      const std::string& where = "");
 
 // What ftexec cannot run (an optimizer other than AdamW, fp32 gradient accumulation, a paged
-// optimizer, a sequence beyond the model's positions): one line each, empty when it can run it.
+// optimizer, a sequence beyond the model's positions, a --parallel layout it cannot run): one line
+// each, empty when it can run it.
 std::vector<std::string> exec_problems(const TrainingSetup& setup, const ModelSpec& model);
+
+// The fields of a valid parallel layout (parallelism_problems) that ftexec cannot run yet, each
+// naming the field and its value, e.g. "tp(2) > 1: ftexec has no tensor parallelism yet". It runs
+// every preset, and any layout of replicas (dp_replicate), ZeRO-1/2 over all ranks (dp_shard,
+// offload_optimizer at stage 2), stage 3 over dp_shard x dp_replicate (ZeRO-3 or FSDP,
+// reshard_after_forward, offload of parameters with the optimizer), or a pipeline alone (pp,
+// schedule naive|gpipe|1f1b).
+std::vector<std::string> exec_layout_problems(const Parallelism& p);
 
 }  // namespace ftplan

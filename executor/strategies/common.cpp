@@ -146,33 +146,22 @@ std::pair<at::Tensor, at::Tensor> micro_batch_tensors(const TokenBatch& b, const
 
 }  // namespace strategies
 
-bool dist_strategy_supported(ftplan::Strategy s) {
-  using S = ftplan::Strategy;
-  return s == S::ddp || s == S::zero1 || s == S::zero2 || s == S::zero2_offload || s == S::zero3 ||
-         s == S::zero3_offload || s == S::fsdp || s == S::fsdp_shard_grad_op || s == S::fsdp_hybrid ||
-         s == S::mp || s == S::pipeline_gpipe || s == S::pipeline_1f1b;
-}
-
 std::unique_ptr<DistStrategy> make_dist_strategy(LlamaModel& model, Comm& comm, const StrategyOptions& o) {
-  using S = ftplan::Strategy;
-  switch (o.strategy) {
-    case S::ddp:
-    case S::zero1:
-    case S::zero2:
-    case S::zero2_offload: return strategies::make_data_parallel(model, comm, o);
-    case S::zero3:
-    case S::zero3_offload:
-    case S::fsdp:
-    case S::fsdp_shard_grad_op:
-    case S::fsdp_hybrid: return strategies::make_sharded(model, comm, o);
-    case S::mp:
-    case S::pipeline_gpipe:
-    case S::pipeline_1f1b: return strategies::make_pipeline(model, comm, o);
-    default:
-      ftplan::fail_input("strategy " + ftplan::to_string(o.strategy) +
-                         ": not run by ftexec with several ranks (ddp, zero1, zero2, zero2_offload, zero3, "
-                         "zero3_offload, fsdp, fsdp_shard_grad_op, fsdp_hybrid, mp, pipeline (GPipe), pipeline_1f1b)");
+  // What the layout shards decides the class; its degrees and flags configure it.
+  const ftplan::Parallelism& p = o.parallel;
+  if (p.gpus() != comm.world())
+    ftplan::fail_input("parallel layout " + ftplan::name(p) + ": " + std::to_string(p.gpus()) +
+                       " ranks != WORLD_SIZE(" + std::to_string(comm.world()) + ")");
+  if (p.tp != 1 || p.cp != 1 || p.ep != 1 || p.sequence_parallel)
+    ftplan::fail_input("parallel layout " + ftplan::name(p) + ": ftexec runs no tensor, context or expert parallelism yet");
+  if (p.pipelined()) {
+    if (p.dp() != 1 || p.sharding != ftplan::Sharding::none)
+      ftplan::fail_input("parallel layout " + ftplan::name(p) + ": ftexec runs a pipeline without data parallelism yet");
+    return strategies::make_pipeline(model, comm, o);
   }
+  if (p.shards_params()) return strategies::make_sharded(model, comm, o);
+  if (p.shards_optimizer() || p.dp_replicate > 1) return strategies::make_data_parallel(model, comm, o);
+  return strategies::make_single(model, comm, o);
 }
 
 }  // namespace ftexec

@@ -1,4 +1,6 @@
-// Replicated parameters: DDP, ZeRO-1 and ZeRO-2.
+// Replicated parameters: one process, DDP, ZeRO-1 and ZeRO-2 (the layout's fields: every degree 1;
+// dp_replicate > 1 without sharding; zero_stage 1 or 2 over dp_shard, offload_optimizer).
+//   single  the single-device Trainer (executor/trainer.h): the reference every other layout matches.
 //   ddp    gradients all-reduced in buckets (the first 1 MiB, then 25 MiB, in backward order), each
 //          launched from the AccumulateGrad hooks as soon as backward has filled it and every earlier
 //          bucket is launched (PyTorch's Reducer); Gloo runs it on its own thread while backward
@@ -42,6 +44,46 @@ int64_t model_weight_bytes(LlamaModel& m) {
     for (const auto& t : u) b += t.slot->nbytes();
   return b;
 }
+
+// ---- one process -------------------------------------------------------------------------------
+class Single final : public DistStrategy {
+ public:
+  Single(LlamaModel& m, Comm& comm, const StrategyOptions& o)
+      : m_(m), comm_(comm), trainer_(m, o.method, o.precision, o.adamw, o.grad_accum, o.max_grad_norm) {}
+
+  int64_t data_parallel_size() const override { return 1; }
+
+  double step(const std::vector<TokenBatch>& micro) override {
+    size_t next = 0;
+    const double loss = trainer_.step([&] { return micro.at(next++); });
+    grad_norm_ = trainer_.last_grad_norm();
+    return loss;
+  }
+
+  StateBytes state_bytes() const override {
+    StateBytes s;
+    s.weights = trainer_.weight_bytes();
+    s.gradients = trainer_.gradient_bytes();
+    s.optimizer = trainer_.optimizer_bytes();
+    return s;
+  }
+
+  std::vector<std::pair<std::string, at::Tensor>> checkpoint_tensors() override {
+    std::vector<std::pair<std::string, at::Tensor>> out;
+    const auto& trainable = trainer_.trainable();
+    for (size_t i = 0; i < trainable.size(); ++i) out.emplace_back("param." + std::to_string(i), trainable[i]);
+    for (auto& [k, t] : trainer_.optimizer().named_state()) out.emplace_back("optimizer." + k, t);
+    return out;
+  }
+  bool checkpoint_replicated() const override { return true; }
+  int64_t optimizer_steps() const override { return trainer_.optimizer().step_count(); }
+  void set_optimizer_steps(int64_t s) override { trainer_.optimizer().set_step_count(s); }
+
+ private:
+  LlamaModel& m_;
+  Comm& comm_;
+  Trainer trainer_;
+};
 
 // ---- DDP ---------------------------------------------------------------------------------------
 class Ddp final : public DistStrategy {
@@ -186,8 +228,15 @@ class Ddp final : public DistStrategy {
 class Zero final : public DistStrategy {
  public:
   Zero(LlamaModel& m, Comm& comm, const StrategyOptions& o) : m_(m), comm_(comm), o_(o) {
-    offload_ = o.strategy == ftplan::Strategy::zero2_offload;
-    stage2_ = o.strategy == ftplan::Strategy::zero2 || offload_;
+    const ftplan::Parallelism& p = o.parallel;
+    if (p.dp_replicate != 1 || p.dp_shard != comm.world())
+      ftplan::fail_input("parallel layout " + ftplan::name(p) + ": ftexec shards ZeRO stage " + std::to_string(p.zero_stage) +
+                         " over every rank (dp_shard(" + std::to_string(p.dp_shard) + ") = WORLD_SIZE(" +
+                         std::to_string(comm.world()) + "), dp_replicate 1)");
+    if (p.offload_params)
+      ftplan::fail_input("parallel layout " + ftplan::name(p) + ": offload of parameters needs zero_stage 3");
+    offload_ = p.offload_optimizer;      // ZeRO-Offload: shard gradients and AdamW on the host
+    stage2_ = p.zero_stage >= 2 || offload_;  // (ZeRO-Offload reduces gradients as stage 2 does)
     set_trainable(m, o.method);
     const int N = comm.world(), r = comm.rank();
     int64_t total = 0, largest = 0;
@@ -374,8 +423,8 @@ class Zero final : public DistStrategy {
   LlamaModel& m_;
   Comm& comm_;
   StrategyOptions o_;
-  bool stage2_ = false;
-  bool offload_ = false;           // zero2_offload: shard gradients, shard copies and AdamW on the host
+  bool stage2_ = false;            // zero_stage >= 2: gradients reduce-scattered as backward produces them
+  bool offload_ = false;           // offload_optimizer: shard gradients, shard copies and AdamW on the host
   std::vector<FlatGroup> groups_;  // per unit with trainable tensors, forward order
   std::vector<at::Tensor> shard_grads_;
   std::vector<at::Tensor> host_shards_;  // zero2_offload: this rank's shard of each group, on the host
@@ -392,9 +441,20 @@ class Zero final : public DistStrategy {
 
 }  // namespace
 
+std::unique_ptr<DistStrategy> make_single(LlamaModel& model, Comm& comm, const StrategyOptions& o) {
+  return std::make_unique<Single>(model, comm, o);
+}
+
 std::unique_ptr<DistStrategy> make_data_parallel(LlamaModel& model, Comm& comm, const StrategyOptions& o) {
-  if (o.strategy == ftplan::Strategy::ddp) return std::make_unique<Ddp>(model, comm, o);
-  return std::make_unique<Zero>(model, comm, o);  // zero1, zero2, zero2_offload
+  if (!o.parallel.shards_optimizer()) {  // replicas: DDP over dp_replicate
+    if (o.parallel.dp_shard != 1)
+      ftplan::fail_input("parallel layout " + ftplan::name(o.parallel) + ": dp_shard(" + std::to_string(o.parallel.dp_shard) +
+                         ") > 1 needs a sharding (shard=zero1|zero2|zero3|fsdp|fsdp_shard_grad_op)");
+    if (o.parallel.offload_optimizer || o.parallel.offload_params)
+      ftplan::fail_input("parallel layout " + ftplan::name(o.parallel) + ": offload needs a ZeRO stage (shard=zero2 or zero3)");
+    return std::make_unique<Ddp>(model, comm, o);
+  }
+  return std::make_unique<Zero>(model, comm, o);  // zero_stage 1 or 2 (zero1, zero2, zero2_offload)
 }
 
 }  // namespace ftexec::strategies

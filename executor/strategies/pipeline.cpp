@@ -1,5 +1,5 @@
-// Layers split across ranks: naive model parallelism, GPipe and 1F1B.
-// Stage k of p = world size holds consecutive blocks (the planner's split: L/p, the first L%p stages
+// Layers split across ranks: naive model parallelism, GPipe and 1F1B (the layout's pp and schedule:
+// naive, gpipe, one_f_one_b). Stage k of p = pp = world size holds consecutive blocks (the planner's split: L/p, the first L%p stages
 // one more), stage 0 also the embedding, the last stage the final norm, lm_head and the loss.
 // Activations go forward and their gradients back point to point (send/recv).
 //   mp              each micro-batch runs forward through every stage, then backward: one stage
@@ -24,18 +24,22 @@ namespace {
 class Pipeline final : public DistStrategy {
  public:
   Pipeline(LlamaModel& m, Comm& comm, const StrategyOptions& o) : m_(m), comm_(comm), o_(o) {
-    gpipe_ = o.strategy == ftplan::Strategy::pipeline_gpipe;
-    one_f_one_b_ = o.strategy == ftplan::Strategy::pipeline_1f1b;
+    const ftplan::Parallelism& layout = o.parallel;
+    const std::string name = "parallel layout " + ftplan::name(layout);
+    if (layout.schedule == ftplan::PipelineSchedule::interleaved_1f1b || layout.virtual_stages != 1)
+      ftplan::fail_input(name + ": ftexec runs the naive, gpipe and 1f1b schedules (virtual_stages 1), not interleaved 1F1B yet");
+    gpipe_ = layout.schedule == ftplan::PipelineSchedule::gpipe;
+    one_f_one_b_ = layout.schedule == ftplan::PipelineSchedule::one_f_one_b;
     const int64_t L = static_cast<int64_t>(m.layers.size());
-    p_ = comm.world();
+    p_ = layout.pp;
     k_ = comm.rank();
+    if (p_ != comm.world())
+      ftplan::fail_input(name + ": pp(" + std::to_string(p_) + ") != WORLD_SIZE(" + std::to_string(comm.world()) + ")");
     if (p_ > L)
-      ftplan::fail_input("strategy " + ftplan::to_string(o.strategy) + ": " + std::to_string(p_) +
-                         " stages (WORLD_SIZE) need at least as many layers, " + m.spec.name + " has " +
-                         std::to_string(L));
+      ftplan::fail_input(name + ": " + std::to_string(p_) + " stages (pp) need at least as many layers, " + m.spec.name +
+                         " has " + std::to_string(L));
     if (m.spec.tie_word_embeddings && p_ > 1)
-      ftplan::fail_input("strategy " + ftplan::to_string(o.strategy) + ": tied embeddings (" + m.spec.name +
-                         ") across stages are not supported by ftexec yet");
+      ftplan::fail_input(name + ": tied embeddings (" + m.spec.name + ") across stages are not supported by ftexec yet");
     set_trainable(m, o.method);
     // The planner's split (planner/memory_model.cpp): L/p layers, the first L%p stages one more.
     std::vector<int64_t> first(p_ + 1, 0);

@@ -1,4 +1,6 @@
-// Sharded parameters: ZeRO-3 and PyTorch FSDP's FULL_SHARD, SHARD_GRAD_OP and HYBRID_SHARD.
+// Sharded parameters (zero_stage 3): ZeRO-3 and PyTorch FSDP's FULL_SHARD, SHARD_GRAD_OP and
+// HYBRID_SHARD, read from the layout: sharding (zero | fsdp), reshard_after_forward, dp_shard (the
+// shard group) x dp_replicate (the replica groups), offload_params (with offload_optimizer).
 // Each unit (embedding, block, head) keeps its parameters as flat buffers (the trainable ones, and
 // the frozen ones per dtype: QLoRA's NF4 codes and absmaxes are uint8 and fp32 tensors sharded like
 // any other) whose storage is empty except while the unit is in use; the rank keeps its shard.
@@ -8,20 +10,22 @@
 //             buffer. Once every gradient of u is accumulated (AccumulateGrad hooks) and the gradient
 //             of u's input is complete (so no node of u still needs its weights), reduce-scatter the
 //             flat gradients into the shard and free the parameters and the flat gradients.
-//   fsdp      as zero3, but the last unit (norm, lm_head) stays gathered from its forward to the end
-//             of backward, as PyTorch FSDP's root unit does (gathered once: one all-gather fewer).
-//   fsdp_shard_grad_op  (ZeRO-2-like FSDP) every unit stays gathered from its forward to the end of
+//   fsdp      (sharding fsdp, reshard_after_forward) as zero3, but the last unit (norm, lm_head) stays
+//             gathered from its forward to the end of backward, as PyTorch FSDP's root unit does
+//             (gathered once: one all-gather fewer).
+//   fsdp_shard_grad_op  (reshard_after_forward false: ZeRO-2-like FSDP) every unit stays gathered from its forward to the end of
 //             its backward: one all-gather per unit and micro-batch, none in backward, at the cost
 //             of holding all parameters at the turn from forward to backward; gradients are
 //             reduce-scattered and gradients and optimizer states stay sharded as in fsdp.
-//   fsdp_hybrid  fsdp inside each shard group of S consecutive ranks (a node: the hwdb entry's
-//             gpus_per_node, or --shard-group-size), replicated across the N/S groups: gathers and
+//   fsdp_hybrid  (dp_replicate > 1) fsdp inside each shard group of S = dp_shard consecutive ranks (a
+//             node: the hwdb entry's gpus_per_node, or --shard-group-size), replicated across the
+//             N/S = dp_replicate groups: gathers and
 //             reduce-scatters run over the shard group; once per step, before clipping, each
 //             gradient shard is all-reduced across the replica group (the ranks holding the same
 //             shard in every group). PyTorch FSDP all-reduces after every micro-batch's backward
 //             unless no_sync is used; once per step is the same sum with G times fewer bytes, and
 //             is what the planner counts (planner/step_time.cpp).
-//   zero3_offload  (ZeRO-Infinity's offload_param + offload_optimizer) as zero3, but every shard
+//   zero3_offload  (offload_params: ZeRO-Infinity's offload_param + offload_optimizer) as zero3, but every shard
 //             lives on the host: a gather copies this rank's shard up before the all-gather, the
 //             reduced gradient shard goes down at once (accumulated there in fp32), and AdamW runs
 //             on the host. Between steps the device holds nothing of the model.
@@ -40,25 +44,27 @@ namespace {
 class Sharded final : public DistStrategy {
  public:
   Sharded(LlamaModel& m, Comm& comm, const StrategyOptions& o) : m_(m), comm_(comm), o_(o) {
-    using S = ftplan::Strategy;
-    keep_root_ = o.strategy == S::fsdp || o.strategy == S::fsdp_hybrid;
-    keep_all_ = o.strategy == S::fsdp_shard_grad_op;
-    offload_ = o.strategy == S::zero3_offload;
+    const ftplan::Parallelism& p = o.parallel;
+    keep_root_ = p.sharding == ftplan::Sharding::fsdp && p.reshard_after_forward;
+    keep_all_ = !p.reshard_after_forward;
+    if (p.offload_params != p.offload_optimizer)
+      ftplan::fail_input("parallel layout " + ftplan::name(p) + ": at zero_stage 3 ftexec offloads the parameters with the "
+                         "optimizer states (offload=optimizer+params) or neither");
+    offload_ = p.offload_params;
     const int N = comm.world(), r = comm.rank();
-    // Shard group: consecutive ranks [g·S, (g+1)·S); replica group: the ranks at the same position.
-    int64_t S_size = N;
-    if (o.strategy == S::fsdp_hybrid && o.shard_group_size > 0) S_size = std::min<int64_t>(N, o.shard_group_size);
-    if (N % S_size != 0)
-      ftplan::fail_input("strategy fsdp_hybrid: WORLD_SIZE(" + std::to_string(N) + ") % shard group size(" +
-                         std::to_string(S_size) + ") != 0");
-    group_size_ = static_cast<int>(S_size);
+    // Shard group: consecutive ranks [g·S, (g+1)·S) with S = dp_shard; replica group: the ranks at
+    // the same position in each of the dp_replicate groups.
+    if (p.dp_shard * p.dp_replicate != N)
+      ftplan::fail_input("parallel layout " + ftplan::name(p) + ": dp_replicate(" + std::to_string(p.dp_replicate) +
+                         ") * dp_shard(" + std::to_string(p.dp_shard) + ") != WORLD_SIZE(" + std::to_string(N) + ")");
+    group_size_ = static_cast<int>(p.dp_shard);
     pos_ = r % group_size_;
     if (group_size_ < N) {
       for (int k = 0; k < group_size_; ++k) shard_group_.push_back(r - pos_ + k);
       for (int k = pos_; k < N; k += group_size_) replica_group_.push_back(k);
     }
     if (m.spec.tie_word_embeddings)
-      ftplan::fail_input("strategy " + ftplan::to_string(o.strategy) + ": tied embeddings (" + m.spec.name +
+      ftplan::fail_input("parallel layout " + ftplan::name(p) + ": tied embeddings (" + m.spec.name +
                          ") are not supported by ftexec's sharded strategies yet");
     set_trainable(m, o.method);
     at::NoGradGuard no_grad;
@@ -288,10 +294,10 @@ class Sharded final : public DistStrategy {
   LlamaModel& m_;
   Comm& comm_;
   StrategyOptions o_;
-  bool keep_root_ = false;  // fsdp, fsdp_hybrid: the last unit stays gathered through backward
-  bool keep_all_ = false;   // fsdp_shard_grad_op: every unit stays gathered until its backward ends
-  bool offload_ = false;    // zero3_offload: shards, gradient shards and AdamW on the host
-  int group_size_ = 1;      // S: ranks sharding one replica (N but for hybrid)
+  bool keep_root_ = false;  // FSDP resharding after forward: the last unit stays gathered through backward
+  bool keep_all_ = false;   // no resharding after forward: every unit stays gathered until its backward ends
+  bool offload_ = false;    // offload_params: shards, gradient shards and AdamW on the host
+  int group_size_ = 1;      // S = dp_shard: ranks sharding one replica (N but for hybrid)
   int pos_ = 0;             // this rank's position in its shard group: the chunk it owns
   RankGroup shard_group_;   // empty: the world
   RankGroup replica_group_; // hybrid with S < N: the ranks holding the same shard

@@ -75,7 +75,8 @@ double clip_grad_norm(const std::vector<at::Tensor>& grads, double max_norm, Com
 
 std::pair<at::Tensor, at::Tensor> micro_batch_tensors(const TokenBatch& b, const at::Device& device);
 
-// The strategies, one per file.
+// The strategies, by what the layout shards (common.cpp's factory picks one).
+std::unique_ptr<DistStrategy> make_single(LlamaModel& model, Comm& comm, const StrategyOptions& o);
 std::unique_ptr<DistStrategy> make_data_parallel(LlamaModel& model, Comm& comm, const StrategyOptions& o);
 std::unique_ptr<DistStrategy> make_sharded(LlamaModel& model, Comm& comm, const StrategyOptions& o);
 std::unique_ptr<DistStrategy> make_pipeline(LlamaModel& model, Comm& comm, const StrategyOptions& o);
