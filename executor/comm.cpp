@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <map>
 #include <mutex>
 #include <sstream>
 #include <thread>
@@ -464,8 +465,56 @@ class GlooComm final : public Comm {
   bool stop_ = false;
 };
 
+// One rank alone (WORLD_SIZE 1): every collective is the identity, nothing is sent, no store or
+// process group is built (so a one-process run needs no port). Calls are counted as the planner's
+// formulas count them over one rank: zero bytes.
+class LocalComm final : public Comm {
+ public:
+  explicit LocalComm(const CommOptions& o) : o_(o) {}
+  int rank() const override { return 0; }
+  int world() const override { return 1; }
+  double timeout_s() const override { return o_.timeout_s; }
+  void all_reduce_sum(const at::Tensor&, double) override { count(CommOp::all_reduce); }
+  void all_reduce_sum_async(const at::Tensor&, double) override { count(CommOp::all_reduce); }
+  void wait_all() override {}
+  void reduce_scatter_sum(const at::Tensor&, double, const RankGroup&) override { count(CommOp::reduce_scatter); }
+  void all_gather(const at::Tensor&, double, const RankGroup&) override { count(CommOp::all_gather); }
+  void all_reduce_ring(const at::Tensor&, double, const RankGroup&) override { count(CommOp::all_reduce); }
+  void broadcast(const at::Tensor&, int) override { count(CommOp::broadcast); }
+  void send(const at::Tensor&, int dst) override { no_peer("send", dst); }
+  void recv(const at::Tensor&, int src) override { no_peer("recv", src); }
+  void send_recv(const at::Tensor&, int dst, const at::Tensor&, int) override { no_peer("send_recv", dst); }
+  void barrier() override { count(CommOp::control); }
+  double all_reduce_scalar(double value, bool) override {
+    count(CommOp::control);
+    return value;
+  }
+  void set_step(int64_t) override {}
+  void report_failure(const std::string&) override {}
+  void store_set(const std::string& key, const std::string& value) override { kv_[key] = value; }
+  std::string store_get(const std::string& key) override {
+    const auto it = kv_.find(key);
+    if (it == kv_.end()) throw RuntimeFailure("rank 0: no \"" + key + "\" in the store of a one-rank run");
+    return it->second;
+  }
+  CommStats stats() const override { return stats_; }
+  void reset_stats() override { stats_ = CommStats{}; }
+
+ private:
+  void count(CommOp op) { stats_.ops[static_cast<int>(op)].calls += 1; }
+  [[noreturn]] void no_peer(const char* what, int peer) {
+    throw RuntimeFailure("rank 0: " + std::string(what) + " with rank " + std::to_string(peer) + " in a one-rank run");
+  }
+  CommOptions o_;
+  CommStats stats_;
+  std::map<std::string, std::string> kv_;
+};
+
 }  // namespace
 
-std::unique_ptr<Comm> Comm::connect(const CommOptions& options) { return std::make_unique<GlooComm>(options); }
+std::unique_ptr<Comm> Comm::connect(const CommOptions& options) {
+  if (options.world == 1) return std::make_unique<LocalComm>(options);
+  return std::make_unique<GlooComm>(options);
+}
 
 }  // namespace ftexec

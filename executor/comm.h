@@ -75,6 +75,7 @@ using RankGroup = std::vector<int>;
 class Comm {
  public:
   // Rendezvous through c10d's TCPStore and build the process group. RuntimeFailure on timeout.
+  // A world of one rank gets a local Comm instead: collectives are the identity, the store a map.
   static std::unique_ptr<Comm> connect(const CommOptions& options);
   virtual ~Comm() = default;
 

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -20,6 +21,7 @@
 #include "executor/memory_meter.h"
 #include "executor/run_job.h"
 #include "executor/safetensors.h"
+#include "executor/save_folder.h"
 #include "executor/strategy.h"
 #include "executor/torch_compat.h"
 #include "planner/compute_model.h"
@@ -261,6 +263,93 @@ nlohmann::json comm_json(const CommStats& s, double steps, bool calls) {
   return j;
 }
 
+void print_progress(int64_t step, int64_t steps, double loss, double step_s) {
+  const int width = 30;
+  const int filled = static_cast<int>(width * step / steps);
+  std::printf("\r[%s%s] step %lld/%lld  loss %.4f  %.3f s/step", std::string(filled, '#').c_str(),
+              std::string(width - filled, ' ').c_str(), static_cast<long long>(step), static_cast<long long>(steps),
+              loss, step_s);
+  if (step == steps) std::printf("\n");
+  std::fflush(stdout);
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// ---- --save ------------------------------------------------------------------------------------
+// What --save writes: the adapter as PEFT saves it (LoRA and QLoRA: adapter_model.safetensors with
+// names base_model.model.<name>, adapter_config.json) or the full weights as Hugging Face saves them
+// (model.safetensors, config.json), in the parameters' dtype. The file's layout (every name, dtype
+// and shape) is read from the whole model before a strategy shards or splits it.
+struct SavePlan {
+  bool adapter = false;
+  std::vector<SafetensorsWriter::Tensor> layout;
+  std::string saved_name(const std::string& model_name) const {
+    return adapter ? "base_model.model." + model_name : model_name;
+  }
+};
+
+SavePlan save_plan(const LlamaModel& model, ftplan::Method method) {
+  SavePlan plan;
+  plan.adapter = method != ftplan::Method::full;
+  for (const auto& [name, t] : plan.adapter ? lora_named_parameters(model) : llama_named_parameters(model))
+    plan.layout.push_back({name, safetensors_dtype_of(t.scalar_type()), t.sizes().vec()});
+  return plan;
+}
+
+// Every rank calls it together; rank 0 writes the files as the strategy hands it each unit
+// (DistStrategy::gather_trainable) and returns what it wrote, the others null.
+nlohmann::json save_trained(const ExecJob& job, const SavePlan& plan, DistStrategy& strategy, Comm& comm) {
+  const int r = comm.rank();
+  const std::string where = "rank " + std::to_string(r) + ": --save " + job.save_dir + ": ";
+  const std::string weights = plan.adapter ? "adapter_model.safetensors" : "model.safetensors";
+  std::unique_ptr<SaveFolder> folder;
+  std::unique_ptr<SafetensorsWriter> writer;
+  std::string problem;
+  if (r == 0) {
+    try {
+      folder = std::make_unique<SaveFolder>(job.save_dir);
+      writer = std::make_unique<SafetensorsWriter>(folder->file(weights), plan.layout);
+    } catch (const std::exception& e) {
+      problem = e.what();
+    }
+  }
+  // Every rank learns whether rank 0 can write before any unit is gathered for it.
+  if (comm.all_reduce_scalar(problem.empty() ? 0.0 : 1.0, /*max=*/true) > 0)
+    throw RuntimeFailure(r == 0 ? "rank 0: " + problem : where + "rank 0 could not start writing");
+  int64_t tensors = 0;
+  try {
+    strategy.gather_trainable([&](const std::vector<std::pair<std::string, at::Tensor>>& unit) {
+      for (const auto& [name, t] : unit) {
+        const at::Tensor cpu = t.detach().to(at::kCPU).contiguous();
+        writer->write(plan.saved_name(name), safetensors_dtype_of(cpu.scalar_type()), cpu.data_ptr(), cpu.nbytes());
+        ++tensors;
+      }
+    });
+    if (r != 0) return nullptr;
+    writer->finish();
+    const std::string config = plan.adapter ? "adapter_config.json" : "config.json";
+    write_file_durably(folder->file(config), plan.adapter ? peft_adapter_config(job.setup.lora, job.setup.model)
+                                                          : read_text(job.model_config_path));
+    folder->commit();
+    return {{"dir", job.save_dir},
+            {"format", plan.adapter ? "peft" : "hf-safetensors"},
+            {"files", folder->files()},
+            {"tensors", tensors},
+            {"weights_bytes", writer->file_bytes()}};
+  } catch (const RuntimeFailure&) {
+    throw;
+  } catch (const c10::Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw RuntimeFailure(where + e.what());
+  }
+}
+
 }  // namespace
 
 nlohmann::json run_rank(const ExecJob& job, const DistEnv& env, const DistOptions& o) {
@@ -268,34 +357,23 @@ nlohmann::json run_rank(const ExecJob& job, const DistEnv& env, const DistOption
   // The layout every strategy class reads (InputError naming the operands when it does not fit the world).
   const ftplan::Parallelism layout = exec_parallelism(job, env.world, o.shard_group_size);
   const std::string strategy_name = s.strategy && !s.parallel ? ftplan::to_string(*s.strategy) : ftplan::name(layout);
-  // CUDA: one GPU per local rank and NCCL; CPU: Gloo.
   const bool cuda = job.device.rfind("cuda", 0) == 0;
-  // Ranks beyond the visible GPUs share them round robin (NCCL itself refuses two ranks of one
-  // communicator on one GPU: "Duplicate GPU detected").
+  // CUDA: one GPU per local rank and NCCL; ranks beyond the visible GPUs share them round robin
+  // (NCCL itself refuses two ranks of one communicator on one GPU: "Duplicate GPU detected"). One
+  // process uses the device it was given.
   const std::string device =
-      cuda ? "cuda:" + std::to_string(env.local_rank % std::max(1, compat::cuda_device_count())) : job.device;
+      cuda && env.world > 1 ? "cuda:" + std::to_string(env.local_rank % std::max(1, compat::cuda_device_count())) : job.device;
   const std::string backend = o.backend == "auto" ? (cuda ? "nccl" : "gloo") : o.backend;
   if (cuda && !at::hasCUDA())
     ftplan::fail_input("--device " + job.device + ": this ftexec was built against a libtorch without CUDA (" +
                        compat::torch_version() + ") or no GPU is visible");
-  if (cuda && backend == "gloo")
+  if (cuda && backend == "gloo" && env.world > 1)
     ftplan::fail_input("--backend gloo with --device cuda: the ring collectives use send/recv, which Gloo runs on CPU "
                        "tensors only; use --backend nccl");
   cpu_meter_install();
   cpu_meter_set_limit(job.cpu_memory_limit_bytes);
   const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
   at::set_num_threads(job.threads > 0 ? int(job.threads) : std::max(1, cores / std::max(1, env.local_world)));
-
-  CommOptions co;
-  co.rank = env.rank;
-  co.world = env.world;
-  co.master_addr = env.master_addr;
-  co.master_port = env.master_port;
-  co.host_store = env.host_store;
-  co.timeout_s = o.timeout_s;
-  co.backend = backend;
-  std::unique_ptr<Comm> comm = Comm::connect(co);
-  const int rank = comm->rank();
 
   ModelOptions mo;
   mo.dtype = s.precision == ftplan::Precision::fp32 ? at::kFloat : at::kBFloat16;
@@ -310,19 +388,52 @@ nlohmann::json run_rank(const ExecJob& job, const DistEnv& env, const DistOption
     notes.push_back("shard groups of " + std::to_string(layout.dp_shard) + " ranks (dp_shard), gradient shards all-reduced across " +
                     std::to_string(layout.dp_replicate) + " replica groups (dp_replicate) once per step");
 
+  // A plan that cannot fit the device is bad input, reported before anything runs.
+  if (job.plan && job.plan->contains("predicted")) {
+    const auto& pred = (*job.plan)["predicted"];
+    int64_t need = 0;
+    if (pred.is_object() && pred.contains("memory_per_gpu_bytes") && pred["memory_per_gpu_bytes"].is_object() &&
+        pred["memory_per_gpu_bytes"].contains("total")) {
+      const auto& total = pred["memory_per_gpu_bytes"]["total"];
+      if (!total.is_number() || !std::isfinite(total.get<double>()) || total.get<double>() < 0 || total.get<double>() > 9e18)
+        ftplan::fail_input("plan: predicted.memory_per_gpu_bytes.total: " + total.dump() + " is not a byte count");
+      need = static_cast<int64_t>(total.get<double>());
+    }
+    int64_t have = job.cpu_memory_limit_bytes;
+    if (cuda) have = compat::cuda_memory_stats(mo.device.index() < 0 ? 0 : mo.device.index()).device_total_bytes;
+    if (have > 0 && need > have)
+      ftplan::fail_input("the plan needs " + std::to_string(need / double(1 << 30)) + " GiB per device; " + device +
+                         " has " + std::to_string(have / double(1 << 30)) + " GiB");
+  }
+
+  CommOptions co;
+  co.rank = env.rank;
+  co.world = env.world;
+  co.master_addr = env.master_addr;
+  co.master_port = env.master_port;
+  co.host_store = env.host_store;
+  co.timeout_s = o.timeout_s;
+  co.backend = backend;
+  std::unique_ptr<Comm> comm = Comm::connect(co);
+  const int rank = comm->rank();
+
   const int64_t micro_batch = s.micro_batch_or(1);
   std::vector<double> losses, step_times, comm_times;
-  int64_t peak_bytes = 0, static_bytes = 0, dp = 1, host_bytes = 0, host_peak_bytes = 0;
+  int64_t dp = 1;
   StateBytes parts;
   CommStats comm_stats;
+  MemoryReading after;
   Position pos;
-  int64_t first_step = 0;
-  const int64_t baseline_bytes = cuda ? 0 : memory_read(device).current_bytes;
+  int64_t first_step = 0, save_extra_bytes = 0;
+  nlohmann::json saved = nullptr;
+  compat::cuda_synchronize();
+  const int64_t baseline_bytes = cuda ? 0 : memory_read(device).current_bytes;  // tensors not ours (CPU)
   try {
     LlamaModel model = llama_create(job.model, mo, static_cast<uint64_t>(s.seed), job.load_weights.empty());
     if (!job.load_weights.empty()) llama_load_weights(model, job.load_weights);
     if (s.method == ftplan::Method::qlora) llama_quantize_nf4(model);
     if (s.method != ftplan::Method::full) lora_attach(model, s.lora, static_cast<uint64_t>(s.seed));
+    const SavePlan save = job.save_dir.empty() ? SavePlan{} : save_plan(model, s.method);
     StrategyOptions so;
     so.parallel = layout;
     so.method = s.method;
@@ -351,6 +462,7 @@ nlohmann::json run_rank(const ExecJob& job, const DistEnv& env, const DistOption
       }
       agree_or_fail(*comm, problem);
     }
+    const bool bar = job.progress && rank == 0 && ::isatty(STDOUT_FILENO);
     comm->reset_stats();
     compat::cuda_synchronize();
     memory_reset_peak(device);
@@ -366,8 +478,10 @@ nlohmann::json run_rank(const ExecJob& job, const DistEnv& env, const DistOption
       }
       pos.micro_batches += per_step;
       const double comm_before = comm->stats().time_s;
+      compat::cuda_synchronize();
       const auto t0 = std::chrono::steady_clock::now();
       const double loss = strategy->step(mine);
+      compat::cuda_synchronize();
       const double dt = seconds_since(t0);
       if (!std::isfinite(loss)) throw RuntimeFailure("rank " + std::to_string(rank) + ": loss is " + std::to_string(loss) + " at step " + std::to_string(step + 1));
       losses.push_back(loss);
@@ -375,6 +489,7 @@ nlohmann::json run_rank(const ExecJob& job, const DistEnv& env, const DistOption
         step_times.push_back(dt);
         comm_times.push_back(comm->stats().time_s - comm_before);
       }
+      if (bar) print_progress(step + 1, s.steps, loss, dt);
       pos.step = step + 1;
       // (The checkpoint's barriers count as control traffic, outside the per-step figures.)
       if (!o.checkpoint_dir.empty() && (o.checkpoint_every > 0 ? pos.step % o.checkpoint_every == 0 : pos.step == s.steps))
@@ -382,18 +497,27 @@ nlohmann::json run_rank(const ExecJob& job, const DistEnv& env, const DistOption
     }
     comm_stats = comm->stats();
     compat::cuda_synchronize();
-    const MemoryReading after = memory_read(device);
-    static_bytes = after.current_bytes - baseline_bytes;
-    peak_bytes = after.peak_bytes - baseline_bytes;
-    host_bytes = after.host_current_bytes;  // offloaded states (the host pool starts empty)
-    host_peak_bytes = after.host_peak_bytes;
+    after = memory_read(device);
     parts = strategy->state_bytes();
+    if (!job.save_dir.empty()) {
+      // Measured apart from the run: what the save holds beyond the rank's states (one unit).
+      memory_reset_peak(device);
+      saved = save_trained(job, save, *strategy, *comm);
+      compat::cuda_synchronize();
+      const MemoryReading during = memory_read(device);
+      save_extra_bytes = std::max<int64_t>(0, during.peak_bytes - after.current_bytes);
+    }
   } catch (const ftplan::InputError&) {
     throw;
   } catch (const RuntimeFailure& e) {
     comm->report_failure(e.what());
     (void)comm.release();  // never run c10d's destructors after a failure: they may wait on a dead peer
     throw;
+  } catch (const c10::OutOfMemoryError& e) {
+    const std::string msg = "rank " + std::to_string(rank) + ": out of memory on " + device + ": " + e.what_without_backtrace();
+    comm->report_failure(msg);
+    (void)comm.release();
+    throw RuntimeFailure(msg);
   } catch (const c10::Error& e) {
     const std::string msg = "rank " + std::to_string(rank) + ": libtorch error: " + e.what_without_backtrace();
     comm->report_failure(msg);
@@ -406,6 +530,7 @@ nlohmann::json run_rank(const ExecJob& job, const DistEnv& env, const DistOption
     throw RuntimeFailure(msg);
   }
 
+  // ---- measurement, the same for one process and for N ranks ----
   const double steps_run = std::max<double>(1.0, double(losses.size()));
   const double step_time = median(step_times);
   double comm_time = 0;
@@ -414,35 +539,47 @@ nlohmann::json run_rank(const ExecJob& job, const DistEnv& env, const DistOption
   double mean_step = 0;
   for (double t : step_times) mean_step += t;
   mean_step = step_times.empty() ? 0 : mean_step / double(step_times.size());
-  nlohmann::json padding = 0.0;
-  {
-    double p = 0;
-    for (CommOp op : {CommOp::all_reduce, CommOp::reduce_scatter, CommOp::all_gather, CommOp::send})
-      p += comm_stats.ops[static_cast<int>(op)].padding_bytes;
-    padding = p / steps_run;
-  }
-  const nlohmann::json mine = {
+  double padding = 0;
+  for (CommOp op : {CommOp::all_reduce, CommOp::reduce_scatter, CommOp::all_gather, CommOp::send})
+    padding += comm_stats.ops[static_cast<int>(op)].padding_bytes;
+  // Memory: the bytes of this run's tensors (CPU: the counting allocator, less what existed before;
+  // CUDA: the caching allocator's allocations). The peak per device is what the planner's total
+  // predicts: on CUDA what the allocator reserved at its peak plus what lives outside it (context,
+  // cuBLAS workspace, NCCL buffers).
+  const int64_t static_bytes = after.current_bytes - baseline_bytes;
+  const int64_t peak_allocated = after.peak_bytes - baseline_bytes;
+  const int64_t peak_bytes =
+      cuda ? after.reserved_peak_bytes + std::max<int64_t>(0, after.device_used_bytes - after.reserved_peak_bytes) : peak_allocated;
+  nlohmann::json mine = {
       {"rank", rank},
       {"peak_memory_bytes", peak_bytes},
       {"static_bytes", static_bytes},
-      {"host_memory_bytes", host_bytes},
-      {"host_peak_memory_bytes", host_peak_bytes},
+      {"host_memory_bytes", after.host_current_bytes},  // offloaded states (the host pool starts empty)
+      {"host_peak_memory_bytes", after.host_peak_bytes},
       {"components",
        {{"weights", parts.weights},
         {"gradients", parts.gradients},
         {"optimizer", parts.optimizer},
         {"buffers", parts.buffers},
         {"host", parts.host},
-        {"activations", std::max<int64_t>(0, peak_bytes - static_bytes)}}},
+        {"activations", std::max<int64_t>(0, peak_allocated - static_bytes)}}},
       {"comm_bytes", comm_json(comm_stats, steps_run, false)},
       {"comm_calls", comm_json(comm_stats, steps_run, true)},
-      {"comm_padding_bytes", padding},
+      {"comm_padding_bytes", padding / steps_run},
       {"comm_control_bytes", comm_stats.ops[static_cast<int>(CommOp::control)].wire_bytes / steps_run},
       {"comm_bytes_per_step", comm_stats.payload_bytes() / steps_run},
       {"comm_time_s", comm_time},
       {"compute_time_s", std::max(0.0, mean_step - comm_time)},
       {"step_time_s", step_time},
       {"threads", at::get_num_threads()}};
+  if (cuda) {
+    mine["cuda"] = {{"peak_allocated_bytes", after.peak_bytes},
+                    {"peak_reserved_bytes", after.reserved_peak_bytes},
+                    {"device_used_bytes", after.device_used_bytes},
+                    {"device_total_bytes", after.device_total_bytes},
+                    {"alloc_retries", after.alloc_retries}};
+  }
+  if (!job.save_dir.empty()) mine["save_peak_extra_bytes"] = save_extra_bytes;
   comm->store_set("result/" + std::to_string(rank), mine.dump());
   comm->barrier();
   if (rank != 0) return nullptr;
@@ -455,55 +592,68 @@ nlohmann::json run_rank(const ExecJob& job, const DistEnv& env, const DistOption
     step_max = std::max(step_max, j["step_time_s"].get<double>());
     ranks.push_back(j);
   }
+  const int world = comm->world();
   const int64_t tokens_per_step = micro_batch * s.seq_len * s.grad_accum * dp;
   const auto flops = ftplan::flops_per_token(job.model, s);
   const double flops_per_step = flops.model * double(tokens_per_step);
+  // MFU against the peak of the device that ran: the plan's GPU (or --gpu) on CUDA, hwdb/cpu.json's
+  // on the CPU; every rank's peak counts (the planner's MFU is per GPU).
   nlohmann::json mfu = nullptr, peak_flops = nullptr;
-  try {
-    const auto hw = ftplan::load_hardware("cpu");
-    const double peak = ftplan::peak_flops(hw, s.precision);
-    if (peak > 0 && step_max > 0) {
-      peak_flops = peak;
-      mfu = flops_per_step / step_max / (peak * comm->world());
+  const bool gpu_named = job.plan.has_value() || s.given.count("gpu") > 0;
+  if (cuda && !gpu_named) {
+    notes.push_back("no MFU: a CUDA run needs the GPU's peak (give --gpu, or a plan)");
+  } else {
+    try {
+      const auto hw = ftplan::load_hardware(cuda ? s.gpu : "cpu");
+      const double peak = ftplan::peak_flops(hw, s.precision);
+      if (peak > 0 && step_max > 0) {
+        peak_flops = peak;
+        mfu = flops_per_step / step_max / (peak * world);
+      }
+    } catch (const ftplan::InputError& e) {
+      notes.push_back(std::string("no MFU: ") + e.what());
     }
-  } catch (const ftplan::InputError& e) {
-    notes.push_back(std::string("no MFU: ") + e.what());
   }
-  notes.push_back("ranks started by " + env.source + "; collectives over " + backend +
-                  " (reduce-scatter and all-gather as rings of send/recv); comm bytes by the planner's formula "
-                  "(planner/collectives.h), loss and gradient-norm reductions counted apart as control");
+  if (world > 1)
+    notes.push_back("ranks started by " + env.source + "; collectives over " + backend +
+                    " (reduce-scatter and all-gather as rings of send/recv); comm bytes by the planner's formula "
+                    "(planner/collectives.h), loss and gradient-norm reductions counted apart as control");
   ftplan::TrainingSetup setup = s;
-  setup.num_gpus = comm->world();
+  setup.num_gpus = world;
   nlohmann::json candidate = {{"strategy", strategy_name},
                               {"parallel", ftplan::parallelism_json(layout)},
                               {"micro_batch", micro_batch},
                               {"checkpointing", ftplan::to_string(*s.checkpointing)},
                               {"attention", mo.use_sdpa ? "fused" : "eager"},
-                              {"gpus", comm->world()}};
-  return {{"format", "ftexec-measured/1"},
+                              {"gpus", world}};
+  nlohmann::json out = {{"format", "ftexec-measured/1"},
                         {"framework", "ftexec"},
-          {"device", cuda ? std::string("cuda (one GPU per rank)") : device},
-          {"torch_version", compat::torch_version()},
-          {"job", ftplan::training_setup_to_json(setup)},
-          {"settings", exec_settings_json(job)},
-          {"candidate", candidate},
-          {"world_size", comm->world()},
-          {"data_parallel_size", dp},
-          {"steps", s.steps},
-          {"first_step", first_step},
-          {"warmup_steps", job.warmup_steps},
-          {"threads", at::get_num_threads()},
-          {"loss", losses},
-          {"step_time_s", step_max},
-          {"step_times_s", step_times},
-          {"tokens_per_step", tokens_per_step},
-          {"tokens_per_s", step_max > 0 ? tokens_per_step / step_max : 0.0},
-          {"flops_per_step", flops_per_step},
-          {"peak_flops", peak_flops},
-          {"mfu", mfu},
-          {"comm_bytes_per_step", comm_max},
-          {"ranks", ranks},
-          {"notes", notes}};
+                        {"device", cuda && world > 1 ? std::string("cuda (one GPU per rank)") : device},
+                        {"torch_version", compat::torch_version()},
+                        {"job", ftplan::training_setup_to_json(setup)},
+                        {"settings", exec_settings_json(job)},
+                        {"candidate", candidate},
+                        {"world_size", world},
+                        {"data_parallel_size", dp},
+                        {"steps", s.steps},
+                        {"first_step", first_step},
+                        {"warmup_steps", job.warmup_steps},
+                        {"threads", at::get_num_threads()},
+                        {"loss", losses},
+                        {"step_time_s", step_max},
+                        {"step_times_s", step_times},
+                        {"tokens_per_step", tokens_per_step},
+                        {"tokens_per_s", step_max > 0 ? tokens_per_step / step_max : 0.0},
+                        {"flops_per_step", flops_per_step},
+                        {"peak_flops", peak_flops},
+                        {"mfu", mfu},
+                        {"comm_bytes_per_step", comm_max},
+                        {"ranks", ranks},
+                        {"notes", notes}};
+  if (!saved.is_null()) out["saved"] = saved;
+  return out;
 }
+
+nlohmann::json run_job(const ExecJob& job) { return run_rank(job, DistEnv{}, DistOptions{}); }
 
 }  // namespace ftexec

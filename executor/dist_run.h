@@ -1,7 +1,21 @@
-// One rank of a distributed run: rendezvous, build the model and the strategy, train, measure this
-// rank, and (rank 0) merge every rank's figures into measured.json. No LibTorch in this header.
+// One rank of a run, the one run path for one process and for N ranks: the layout
+// (exec_parallelism: the description every strategy class reads), rendezvous (a world of one needs
+// none), build the model and the strategy, train, measure this rank, save, and (rank 0) merge every
+// rank's figures into measured.json. No LibTorch in this header.
 //
-// measured.json, beyond the single-device keys (run_job.h): "world_size", "data_parallel_size",
+// Measurement, alike for every world size: step time (median after warm-up; the slowest rank's),
+// MFU against the peak of the device that ran (the plan's GPU, or --gpu, on CUDA; hwdb/cpu.json on
+// the CPU) times the ranks, memory per rank (CPU: the counting allocator; CUDA: the caching
+// allocator's peak reserved plus what the device holds outside it, as the planner's total predicts).
+//
+// --save DIR: the adapter (PEFT: adapter_model.safetensors + adapter_config.json) or the full
+// weights (model.safetensors + config.json), in the parameters' dtype, under every layout: rank 0
+// writes each unit as the strategy hands it over (sharded units gathered one at a time by rank 0's
+// shard group, a pipeline's from the stage that owns them), into a temporary folder renamed into
+// place (executor/save_folder.h); measured.json's "saved" says what was written, and each rank's
+// "save_peak_extra_bytes" what saving held beyond its states.
+//
+// measured.json, beyond the keys of run_job.h: "world_size", "data_parallel_size",
 // "first_step" (> 0 after --resume), "comm_bytes_per_step" (the largest over ranks), and "ranks": one
 // entry per rank with "peak_memory_bytes", "components" {weights, gradients, optimizer, buffers,
 // activations}, "comm_bytes" {all_reduce, reduce_scatter, all_gather, send} per optimizer step,

@@ -62,11 +62,12 @@ void setup_run(CLI::App& app, RunOptions& o) {
   run->add_option("plan", o.plan_file, "plan.json written by `ftplan plan -o`, or a job file (configs/jobs/X.json)");
   run->add_option("-o,--out", o.out, "where to write measured.json (atomically; - for standard output)");
   ftplan::cli::bind_field_flags(*run, o.flags, ftplan::kFtexecFlag, run_defaults());
-  run->add_option("--save", o.save, "write the adapter (PEFT) or full weights (safetensors) to DIR");
+  run->add_option("--save", o.save, "write the trained adapter (PEFT) or full weights (safetensors) to DIR at the end, "
+                  "under every strategy (checked before training; written whole, via a temporary folder)");
   run->add_option("--load-weights", o.load_weights, "HF safetensors: file, folder or model.safetensors.index.json");
   run->add_flag("--no-progress", o.no_progress, "no progress bar even on a terminal");
   run->add_option("--fault-inject", o.dist.fault_inject, "debug: RANK:STEP:kill|hang|exit|throw[,...]");
-  run->add_option("--checkpoint-dir", o.dist.checkpoint_dir, "write sharded checkpoints to DIR (distributed runs)");
+  run->add_option("--checkpoint-dir", o.dist.checkpoint_dir, "write checkpoints to DIR (each rank its shards)");
   run->add_flag("--resume", o.dist.resume,
                 "continue from the newest complete checkpoint in --checkpoint-dir (its manifest and checksums verified)");
   run->add_option("--backend", o.dist.backend, "auto (nccl on CUDA, gloo on CPU) | gloo | nccl")->capture_default_str();
@@ -143,9 +144,7 @@ int run_run(const RunOptions& o) {
   dist.keep_last = f.get_int("--keep-last").value_or(0);
 
   const bool launcher = nproc > 1 && !std::getenv("RANK");
-  ftexec::DistEnv env = launcher ? ftexec::DistEnv{} : ftexec::dist_env_from_environment();
-  // One process of its own (a strategy run on one rank): its store needs a port no other run holds.
-  if (!launcher && env.source == "none") env.master_port = ftexec::free_tcp_port();
+  const ftexec::DistEnv env = launcher ? ftexec::DistEnv{} : ftexec::dist_env_from_environment();
   const int world = launcher ? nproc : env.world;
   if (plan && plan->contains("candidate") && (*plan)["candidate"].contains("gpus") &&
       (*plan)["candidate"]["gpus"].get<int64_t>() != world && (world > 1 || *job.setup.strategy != ftplan::Strategy::single))
@@ -167,17 +166,9 @@ int run_run(const RunOptions& o) {
     lo.timeout_s = dist.timeout_s;
     return ftexec::launch_local(lo, rank_args_, std::cerr);
   }
-  const bool distributed = env.world > 1 || job.setup.parallel || *job.setup.strategy != ftplan::Strategy::single;
-  nlohmann::json measured;
-  if (distributed) {
-    measured = ftexec::run_rank(job, env, dist);
-    if (env.rank != 0) return 0;
-  } else {
-    if (dist.resume || !dist.checkpoint_dir.empty() || !dist.fault_inject.empty() || f.has("--keep-last"))
-      ftplan::fail_input("--checkpoint-dir, --resume, --keep-last and --fault-inject apply to distributed runs (a strategy "
-                         "other than single)");
-    measured = ftexec::run_job(job);
-  }
+  // One run path for one process and for N ranks (executor/dist_run.h).
+  const nlohmann::json measured = ftexec::run_rank(job, env, dist);
+  if (env.rank != 0) return 0;
   if (!o.out.empty()) ftplan::write_output(o.out, measured.dump(2) + "\n", "--out");
   const auto& rank = measured["ranks"][0];
   const auto& loss = measured["loss"];

@@ -131,28 +131,52 @@ const SafetensorsEntry* SafetensorsFile::find(const std::string& name) const {
   return nullptr;
 }
 
-void write_safetensors(const std::string& path, const std::vector<SafetensorsEntry>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+namespace {
+
+uint64_t nbytes_of(const std::string& dtype, const std::vector<int64_t>& shape, const std::string& where) {
+  uint64_t numel = 1;
+  for (int64_t d : shape) numel *= static_cast<uint64_t>(d);
+  return numel * safetensors_dtype_bytes(dtype, where);
+}
+
+// The 8-byte length and the JSON header (padded with spaces so the data starts 8-byte aligned) of
+// tensors laid out in the given order; `offsets` receives each one's data offset.
+std::string header_bytes(const std::vector<SafetensorsWriter::Tensor>& tensors, const std::map<std::string, std::string>& metadata,
+                         const std::string& path, std::vector<uint64_t>* offsets, uint64_t* data_bytes) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t offset = 0;
   for (const auto& t : tensors) {
-    uint64_t numel = 1;
-    for (int64_t d : t.shape) numel *= static_cast<uint64_t>(d);
-    if (numel * safetensors_dtype_bytes(t.dtype, path + ": " + t.name) != t.nbytes)
-      ftplan::fail_input(path + ": " + t.name + ": byte count does not match dtype and shape " + shape_string(t.shape));
-    header[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.nbytes}}};
-    offset += t.nbytes;
+    const uint64_t n = nbytes_of(t.dtype, t.shape, path + ": " + t.name);
+    if (header.contains(t.name)) throw std::runtime_error(path + ": tensor " + t.name + " listed twice");
+    header[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + n}}};
+    if (offsets) offsets->push_back(offset);
+    offset += n;
   }
+  if (data_bytes) *data_bytes = offset;
   std::string text = header.dump();
   while ((8 + text.size()) % 8 != 0) text.push_back(' ');  // keeps the data 8-byte aligned
-  unsigned char length[8];
-  for (int i = 0; i < 8; ++i) length[i] = static_cast<unsigned char>((uint64_t(text.size()) >> (8 * i)) & 0xff);
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((uint64_t(text.size()) >> (8 * i)) & 0xff);
+  return out + text;
+}
+
+}  // namespace
+
+void write_safetensors(const std::string& path, const std::vector<SafetensorsEntry>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  std::vector<SafetensorsWriter::Tensor> layout;
+  for (const auto& t : tensors) {
+    if (nbytes_of(t.dtype, t.shape, path + ": " + t.name) != t.nbytes)
+      ftplan::fail_input(path + ": " + t.name + ": byte count does not match dtype and shape " + shape_string(t.shape));
+    layout.push_back({t.name, t.dtype, t.shape});
+  }
+  const std::string head = header_bytes(layout, metadata, path, nullptr, nullptr);
 
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   FILE* f = std::fopen(tmp.c_str(), "wb");
   if (!f) ftplan::fail_input(path + ": cannot create " + tmp + " (" + std::strerror(errno) + ")");
-  bool ok = std::fwrite(length, 1, 8, f) == 8 && std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  bool ok = std::fwrite(head.data(), 1, head.size(), f) == head.size();
   for (const auto& t : tensors) {
     if (!ok) break;
     ok = t.nbytes == 0 || std::fwrite(t.data, 1, t.nbytes, f) == t.nbytes;
@@ -164,6 +188,63 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsEnt
     std::remove(tmp.c_str());
     throw std::runtime_error(path + ": write failed (" + reason + "); the previous file, if any, is unchanged");
   }
+}
+
+SafetensorsWriter::SafetensorsWriter(const std::string& path, const std::vector<Tensor>& layout,
+                                     const std::map<std::string, std::string>& metadata)
+    : path_(path) {
+  std::vector<uint64_t> offsets;
+  const std::string head = header_bytes(layout, metadata, path, &offsets, &data_bytes_);
+  data_start_ = head.size();
+  for (size_t i = 0; i < layout.size(); ++i)
+    slots_[layout[i].name] = {layout[i].dtype, offsets[i], nbytes_of(layout[i].dtype, layout[i].shape, path)};
+  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw std::runtime_error(path + ": cannot create (" + std::strerror(errno) + ")");
+  // The whole size up front (allocated where the file system can: a full disk fails here rather
+  // than halfway), then the header.
+  const off_t total = static_cast<off_t>(data_start_ + data_bytes_);
+  int err = total > 0 ? ::posix_fallocate(fd_, 0, total) : 0;
+  if (err == EOPNOTSUPP || err == EINVAL) err = ::ftruncate(fd_, total) == 0 ? 0 : errno;
+  if (err == 0 && ::pwrite(fd_, head.data(), head.size(), 0) != static_cast<ssize_t>(head.size())) err = errno ? errno : EIO;
+  if (err != 0) {
+    const std::string reason = std::strerror(err);
+    ::close(fd_);
+    fd_ = -1;
+    throw std::runtime_error(path + ": write failed (" + reason + ")");
+  }
+}
+
+SafetensorsWriter::~SafetensorsWriter() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void SafetensorsWriter::write(const std::string& name, const std::string& dtype, const void* data, size_t nbytes) {
+  const auto it = slots_.find(name);
+  if (it == slots_.end()) throw std::runtime_error(path_ + ": tensor " + name + " is not in the file's layout");
+  Slot& s = it->second;
+  if (s.written) throw std::runtime_error(path_ + ": tensor " + name + " written twice");
+  if (dtype != s.dtype || nbytes != s.nbytes)
+    throw std::runtime_error(path_ + ": tensor " + name + " is " + dtype + " of " + std::to_string(nbytes) +
+                             " bytes, the layout says " + s.dtype + " of " + std::to_string(s.nbytes));
+  const char* p = static_cast<const char*>(data);
+  uint64_t done = 0;
+  while (done < nbytes) {
+    const ssize_t n = ::pwrite(fd_, p + done, nbytes - done, static_cast<off_t>(data_start_ + s.offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) throw std::runtime_error(path_ + ": writing " + name + " failed (" + std::strerror(errno) + ")");
+    done += static_cast<uint64_t>(n);
+  }
+  s.written = true;
+}
+
+void SafetensorsWriter::finish() {
+  for (const auto& [name, s] : slots_)
+    if (!s.written) throw std::runtime_error(path_ + ": tensor " + name + " was never written");
+  const bool ok = ::fsync(fd_) == 0;
+  const std::string reason = std::strerror(errno);
+  const bool closed = ::close(fd_) == 0;
+  fd_ = -1;
+  if (!ok || !closed) throw std::runtime_error(path_ + ": write failed (" + reason + ")");
 }
 
 }  // namespace ftexec

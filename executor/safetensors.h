@@ -53,4 +53,40 @@ class SafetensorsFile {
 void write_safetensors(const std::string& path, const std::vector<SafetensorsEntry>& tensors,
                        const std::map<std::string, std::string>& metadata = {{"format", "pt"}});
 
+// Writes one safetensors file tensor by tensor, in any order, without holding them all (--save of a
+// sharded or pipelined model, one unit at a time): the header of every tensor (the layout, in file
+// order, as write_safetensors lays it out: the same bytes for the same tensors) goes first, each
+// tensor's bytes to their offset as they arrive. The file is written at `path` itself (the caller
+// writes it inside a temporary folder); finish() checks every tensor arrived once and fsyncs.
+// std::runtime_error naming the file and tensor on any failure.
+class SafetensorsWriter {
+ public:
+  struct Tensor {
+    std::string name;           // e.g. "model.layers.0.mlp.up_proj.weight"
+    std::string dtype;          // "F32", "BF16", ...
+    std::vector<int64_t> shape;
+  };
+  SafetensorsWriter(const std::string& path, const std::vector<Tensor>& layout,
+                    const std::map<std::string, std::string>& metadata = {{"format", "pt"}});
+  ~SafetensorsWriter();
+  SafetensorsWriter(const SafetensorsWriter&) = delete;
+  SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;
+
+  // The bytes of tensor `name` (its layout's dtype and shape: nbytes must match).
+  void write(const std::string& name, const std::string& dtype, const void* data, size_t nbytes);
+  void finish();
+  uint64_t file_bytes() const { return data_start_ + data_bytes_; }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  struct Slot {
+    std::string dtype;
+    uint64_t offset = 0, nbytes = 0;
+    bool written = false;
+  };
+  std::map<std::string, Slot> slots_;
+  uint64_t data_start_ = 0, data_bytes_ = 0;
+};
+
 }  // namespace ftexec

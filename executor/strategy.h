@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -72,6 +73,15 @@ class DistStrategy {
   virtual int64_t optimizer_steps() const = 0;
   virtual void set_optimizer_steps(int64_t steps) = 0;
   virtual void after_load() {}  // e.g. gather the parameter shards again
+
+  // Saving (--save): every rank calls this together once training is over. `emit` runs on rank 0
+  // only, once per unit (forward order) that has trainable tensors, with those tensors whole under
+  // their model names ("model.layers.0.self_attn.q_proj.lora_A.weight"): replicas read rank 0's
+  // own; sharded units are all-gathered one at a time by rank 0's shard group and freed after emit
+  // returns; a pipeline's units are sent to rank 0 by the stage that owns them. So at most one
+  // unit is whole at a time beyond what the rank holds anyway.
+  using SaveEmit = std::function<void(const std::vector<std::pair<std::string, at::Tensor>>&)>;
+  virtual void gather_trainable(const SaveEmit& emit) = 0;
 
  protected:
   double grad_norm_ = 0;

@@ -144,6 +144,23 @@ std::pair<at::Tensor, at::Tensor> micro_batch_tensors(const TokenBatch& b, const
   return batch_tensors(b, device);
 }
 
+std::vector<std::vector<std::pair<std::string, at::Tensor>>> trainable_by_unit(LlamaModel& m) {
+  std::vector<std::vector<std::pair<std::string, at::Tensor>>> out;
+  for (const auto& unit : model_units(m)) {
+    std::vector<std::pair<std::string, at::Tensor>> named;
+    for (const auto& t : unit)
+      if (t.slot->defined() && t.slot->requires_grad()) named.emplace_back(t.name, *t.slot);
+    if (!named.empty()) out.push_back(std::move(named));
+  }
+  return out;
+}
+
+void emit_replicated(LlamaModel& m, int rank, const DistStrategy::SaveEmit& emit) {
+  if (rank != 0) return;
+  at::NoGradGuard no_grad;
+  for (const auto& unit : trainable_by_unit(m)) emit(unit);
+}
+
 }  // namespace strategies
 
 std::unique_ptr<DistStrategy> make_dist_strategy(LlamaModel& model, Comm& comm, const StrategyOptions& o) {

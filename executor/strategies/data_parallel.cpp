@@ -78,6 +78,7 @@ class Single final : public DistStrategy {
   bool checkpoint_replicated() const override { return true; }
   int64_t optimizer_steps() const override { return trainer_.optimizer().step_count(); }
   void set_optimizer_steps(int64_t s) override { trainer_.optimizer().set_step_count(s); }
+  void gather_trainable(const SaveEmit& emit) override { emit_replicated(m_, comm_.rank(), emit); }
 
  private:
   LlamaModel& m_;
@@ -150,6 +151,7 @@ class Ddp final : public DistStrategy {
   bool checkpoint_replicated() const override { return true; }
   int64_t optimizer_steps() const override { return adam_.step_count(); }
   void set_optimizer_steps(int64_t s) override { adam_.set_step_count(s); }
+  void gather_trainable(const SaveEmit& emit) override { emit_replicated(m_, comm_.rank(), emit); }
 
  private:
   struct Bucket {
@@ -366,6 +368,8 @@ class Zero final : public DistStrategy {
     for (size_t gi = 0; gi < host_shards_.size(); ++gi) groups_[gi].chunk(comm_.rank()).copy_(host_shards_[gi]);
     for (auto& g : groups_) comm_.all_gather(g.full, g.padding_bytes());
   }
+  // After each step's all-gather every rank holds the whole updated parameters.
+  void gather_trainable(const SaveEmit& emit) override { emit_replicated(m_, comm_.rank(), emit); }
 
  private:
   // The bucket slot of unit gi: fixed (ZeRO-1 holding everything) or the next free range (slots are

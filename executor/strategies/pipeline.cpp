@@ -61,6 +61,20 @@ class Pipeline final : public DistStrategy {
         if (t.slot->requires_grad()) stage_trains[stage_of_unit(ui)] = true;
     for (int64_t s = 0; s < k_; ++s) upstream_trains_ = upstream_trains_ || stage_trains[s];
     downstream_sends_grad_ = upstream_trains_ || stage_trains[k_];  // does stage k+1's input need grad?
+    // What --save needs of every unit, recorded before the other stages' tensors go: the owner
+    // and, for each trainable tensor, its name, shape and dtype (stage 0 receives into those).
+    for (size_t ui = 0; ui < units.size(); ++ui) {
+      SavedUnit su;
+      su.stage = stage_of_unit(ui);
+      for (auto& t : units[ui])
+        if (t.slot->requires_grad()) {
+          su.names.push_back(t.name);
+          su.shapes.push_back(t.slot->sizes().vec());
+          su.options = t.slot->options().requires_grad(false);
+          if (su.stage == k_) su.mine.push_back(*t.slot);
+        }
+      if (!su.names.empty()) saved_units_.push_back(std::move(su));
+    }
     // Keep this stage's units; drop the others.
     std::vector<DecayRanges> decay;
     for (size_t ui = 0; ui < units.size(); ++ui) {
@@ -130,7 +144,39 @@ class Pipeline final : public DistStrategy {
   int64_t optimizer_steps() const override { return adam_->step_count(); }
   void set_optimizer_steps(int64_t s) override { adam_->set_step_count(s); }
 
+  // Unit by unit: stage 0 emits its own; another stage's unit comes from its owner, tensor by
+  // tensor, point to point (only rank 0 and that owner take part).
+  void gather_trainable(const SaveEmit& emit) override {
+    at::NoGradGuard no_grad;
+    for (const SavedUnit& su : saved_units_) {
+      std::vector<std::pair<std::string, at::Tensor>> named;
+      if (su.stage == 0) {
+        if (k_ != 0) continue;
+        for (size_t i = 0; i < su.names.size(); ++i) named.emplace_back(su.names[i], su.mine[i]);
+      } else if (k_ == su.stage) {
+        for (const auto& t : su.mine) comm_.send(t.contiguous(), 0);
+        continue;
+      } else if (k_ == 0) {
+        for (size_t i = 0; i < su.names.size(); ++i) {
+          at::Tensor t = at::empty(su.shapes[i], su.options);
+          comm_.recv(t, int(su.stage));
+          named.emplace_back(su.names[i], t);
+        }
+      } else {
+        continue;
+      }
+      emit(named);
+    }
+  }
+
  private:
+  struct SavedUnit {
+    int64_t stage = 0;                         // the stage that owns the unit
+    std::vector<std::string> names;            // its trainable tensors
+    std::vector<std::vector<int64_t>> shapes;
+    at::TensorOptions options;
+    std::vector<at::Tensor> mine;              // the tensors themselves, on their owner
+  };
   struct InFlight {
     at::Tensor input;   // received activation (stages > 0)
     at::Tensor output;  // sent activation, or the scaled loss on the last stage
@@ -245,6 +291,7 @@ class Pipeline final : public DistStrategy {
   int64_t p_ = 1, k_ = 0, first_layer_ = 0, last_layer_ = 0;
   bool upstream_trains_ = false, downstream_sends_grad_ = false;
   std::vector<at::Tensor> owned_, trainable_;
+  std::vector<SavedUnit> saved_units_;  // units with trainable tensors, forward order
   std::unique_ptr<AdamW> adam_;
   std::vector<InFlight> inflight_;
   double loss_sum_ = 0;

@@ -166,6 +166,31 @@ class Sharded final : public DistStrategy {
   int64_t optimizer_steps() const override { return adam_->step_count(); }
   void set_optimizer_steps(int64_t s) override { adam_->set_step_count(s); }
 
+  // Rank 0's shard group gathers each unit's trainable flat buffer in turn (the frozen ones are not
+  // saved), rank 0 emits it, and every member frees it again; the other groups hold the same
+  // shards (replicas) and wait.
+  void gather_trainable(const SaveEmit& emit) override {
+    if (comm_.rank() >= group_size_) return;
+    at::NoGradGuard no_grad;
+    for (size_t ui = 0; ui < units_.size(); ++ui) {
+      Unit& u = units_[ui];
+      FlatGroup& g = u.groups[0];
+      if (g.empty()) continue;
+      const bool was_gathered = u.gathered;
+      if (!was_gathered) {
+        compat::storage_resize(g.full, size_t(g.padded) * g.full.element_size());
+        g.chunk(pos_).copy_(u.shards[0]);
+        comm_.all_gather(g.full, g.padding_bytes(), shard_group_);
+      }
+      if (comm_.rank() == 0) {
+        std::vector<std::pair<std::string, at::Tensor>> named;
+        for (const auto& t : g.tensors) named.emplace_back(t.name, *t.slot);
+        emit(named);
+      }
+      if (!was_gathered) compat::storage_resize(g.full, 0);
+    }
+  }
+
  private:
   struct Unit {
     std::vector<FlatGroup> groups;   // [0] the trainable parameters, then the frozen ones by dtype

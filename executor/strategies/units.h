@@ -75,6 +75,13 @@ double clip_grad_norm(const std::vector<at::Tensor>& grads, double max_norm, Com
 
 std::pair<at::Tensor, at::Tensor> micro_batch_tensors(const TokenBatch& b, const at::Device& device);
 
+// The trainable tensors of each unit (requires_grad), by name, in unit order; units without any
+// are left out. What --save writes of a model whose parameters are whole on this rank.
+std::vector<std::vector<std::pair<std::string, at::Tensor>>> trainable_by_unit(LlamaModel& model);
+// gather_trainable for a model whose parameters are whole on every rank (one process, replicas,
+// ZeRO-1/2 after their all-gather): rank 0 emits its own, unit by unit; no communication.
+void emit_replicated(LlamaModel& model, int rank, const DistStrategy::SaveEmit& emit);
+
 // The strategies, by what the layout shards (common.cpp's factory picks one).
 std::unique_ptr<DistStrategy> make_single(LlamaModel& model, Comm& comm, const StrategyOptions& o);
 std::unique_ptr<DistStrategy> make_data_parallel(LlamaModel& model, Comm& comm, const StrategyOptions& o);

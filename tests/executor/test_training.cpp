@@ -205,10 +205,22 @@ TEST_CASE("run_job writes the measured figures and rejects what it cannot run", 
     setup.paged_optimizer = true;
     CHECK_THROWS_WITH(make_exec_job(setup, "cpu"), Contains("paged_optimizer"));
   }
-  SECTION("the single-device path sends a distributed strategy to the ranks") {
+  SECTION("one process runs any layout of one rank on the same path, with the same losses") {
+    // zero3 on one rank: flat shards of the whole model, no communication.
+    ExecJob single = make_exec_job(setup, "cpu");
+    single.threads = 2;
     setup.strategy = ftplan::Strategy::zero3;
     ExecJob job = make_exec_job(setup, "cpu");
-    CHECK_THROWS_WITH(run_job(job), Contains("--nproc"));
+    job.threads = 2;
+    const auto a = run_job(single), b = run_job(job);
+    CHECK(b["candidate"]["strategy"] == "zero3");
+    CHECK(b["candidate"]["parallel"]["sharding"] == "zero3");
+    CHECK(a["candidate"]["parallel"]["dp_shard"] == 1);
+    CHECK(a["world_size"] == 1);
+    CHECK(b["comm_bytes_per_step"] == 0);
+    const auto la = a["loss"].get<std::vector<double>>(), lb = b["loss"].get<std::vector<double>>();
+    REQUIRE(la.size() == lb.size());
+    for (size_t i = 0; i < la.size(); ++i) CHECK_THAT(lb[i], Catch::Matchers::WithinRel(la[i], 1e-5));
   }
   SECTION("an unknown model is bad input") {
     setup.model = "no-such-model";
