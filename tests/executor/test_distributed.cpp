@@ -1,12 +1,20 @@
 // The distributed executor end to end ([dist]): `ftexec run --nproc N` on the tiny config with Gloo
 // on CPU, against the single-process reference and the planner. See dist_test_util.h for how the
 // equivalent runs are built.
+#include <ATen/ATen.h>
+
+#include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <iostream>
 #include <map>
+#include <sstream>
 
 #include "dist_test_util.h"
 #include "executor/launch.h"
+#include "executor/llama_model.h"
+#include "executor/lora.h"
+#include "executor/safetensors.h"
 #include "planner/errors.h"
 #include "executor_test_util.h"
 #include "planner/collectives.h"
@@ -24,17 +32,76 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-// One run per distinct command line, shared by the tests (each run takes 1-3 s).
-nlohmann::json measured(const std::string& args) {
+// One run per distinct command line, shared by the tests (each run takes 1-3 s). `save`: the run also
+// writes --save <saved_dir(args)> (the same run serves the loss and the saved tensors).
+std::map<std::string, std::string>& save_dirs() {
+  static std::map<std::string, std::string> dirs;
+  return dirs;
+}
+
+nlohmann::json measured(const std::string& args, bool save = false) {
   static std::map<std::string, nlohmann::json> cache;
   static ScratchDir dir("dist_runs");
-  auto it = cache.find(args);
+  const std::string key = args + (save ? " [save]" : "");
+  auto it = cache.find(key);
   if (it != cache.end()) return it->second;
-  const std::string out = dir / ("m" + std::to_string(cache.size()) + ".json");
-  const auto r = run_ftexec(args + " --timeout-s 60 --out " + out);
-  INFO("ftexec run " << args << "\n" << r.output);
+  const std::string n = std::to_string(cache.size());
+  const std::string out = dir / ("m" + n + ".json");
+  std::string flags = " --timeout-s 60 --out " + out;
+  if (save) {
+    save_dirs()[args] = dir / ("saved" + n);
+    flags += " --save " + save_dirs()[args];
+  }
+  const auto r = run_ftexec(args + flags);
+  INFO("ftexec run " << args << flags << "\n" << r.output);
   REQUIRE(r.exit_code == 0);
-  return cache[args] = ftplan::read_json_file(out);
+  return cache[key] = ftplan::read_json_file(out);
+}
+
+// The folder measured(args, true) saved into.
+std::string saved_dir(const std::string& args) {
+  (void)measured(args, true);
+  return save_dirs().at(args);
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// How far the tensors of a saved safetensors file are from the reference's (names, dtypes and shapes
+// must be equal): the worst over tensors of ||a - b||_2 / ||b||_2 and of max |a - b| / max |b|.
+struct SavedDifference {
+  double norm = 0;  // relative, in the 2-norm of each tensor
+  double max = 0;   // the largest element difference over the tensor's largest element
+};
+
+SavedDifference saved_difference(const std::string& file, const std::string& reference) {
+  ftexec::SafetensorsFile a(file), b(reference);
+  CHECK(a.entries().size() == b.entries().size());
+  SavedDifference worst;
+  for (const auto& e : b.entries()) {
+    CAPTURE(e.name);
+    const ftexec::SafetensorsEntry* f = a.find(e.name);
+    REQUIRE(f != nullptr);
+    CHECK(f->dtype == e.dtype);
+    REQUIRE(f->shape == e.shape);
+    const at::Tensor ta = ftexec::tensor_view_of(*f).to(at::kDouble), tb = ftexec::tensor_view_of(e).to(at::kDouble);
+    const double scale = tb.abs().max().item<double>(), diff = (ta - tb).abs().max().item<double>();
+    const double norm = tb.norm().item<double>(), norm_diff = (ta - tb).norm().item<double>();
+    worst.max = std::max(worst.max, scale > 0 ? diff / scale : diff);
+    worst.norm = std::max(worst.norm, norm > 0 ? norm_diff / norm : norm_diff);
+  }
+  return worst;
+}
+
+int64_t tensor_bytes(const std::string& file) {
+  ftexec::SafetensorsFile f(file);
+  int64_t bytes = 0;
+  for (const auto& e : f.entries()) bytes += static_cast<int64_t>(e.nbytes);
+  return bytes;
 }
 
 std::vector<double> losses(const nlohmann::json& m) { return m["loss"].get<std::vector<double>>(); }
@@ -110,20 +177,127 @@ TEST_CASE("every strategy reproduces the single-process loss trajectory", "[dist
       {"fsdp_hybrid", 4, 1, "--shard-group-size 2 --method qlora --lora-rank 4 --lora-targets all-linear"},
       {"zero2_offload", 2, 1, "--method lora --lora-rank 4 --lora-targets all-linear"},
       {"zero3_offload", 2, 1, "--method qlora --lora-rank 4 --lora-targets all-linear"},
+      {"single", 1, 2, "--method lora --lora-rank 4 --lora-targets all-linear"},  // the preset by name: the reference's path
   }));
   CAPTURE(strategy, nproc, accum, extra);
   const bool pipelined = strategy == "mp" || strategy == "pipeline" || strategy == "pipeline_1f1b";
   const int ref_accum = pipelined ? accum : accum * nproc;
   const std::string lr = " --lr 3e-3";
-  const auto ref = measured(tiny_job(32, 2, ref_accum, 4) + lr + " " + extra);
-  const auto dist = measured(tiny_job(32, 2, accum, 4) + lr + " " + extra + " --strategy " + strategy + " --nproc " +
-                             std::to_string(nproc));
+  const std::string ref_args = tiny_job(32, 2, ref_accum, 4) + lr + " " + extra;
+  const std::string dist_args = tiny_job(32, 2, accum, 4) + lr + " " + extra + " --strategy " + strategy + " --nproc " +
+                                std::to_string(nproc);
+  // Both runs also --save (the same runs: saving happens after training and its measurement).
+  const auto ref = measured(ref_args, true);
+  const auto dist = measured(dist_args, true);
   CHECK(dist["ranks"].size() == size_t(nproc));
   CHECK(dist["tokens_per_step"] == ref["tokens_per_step"]);
   const auto a = losses(dist), b = losses(ref);
   CAPTURE(a, b);
   CHECK(b.back() < b.front());  // it trains
   CHECK(max_rel_diff(a, b) < 1e-5);
+
+  {
+    // --save writes what the single process saves after the same steps: the adapter (PEFT) for
+    // LoRA and QLoRA, the full weights otherwise; gathered unit by unit from shards, or from the
+    // stages that own them, and written by rank 0.
+    const bool adapter = extra.find("--method") != std::string::npos;
+    const std::string weights = adapter ? "/adapter_model.safetensors" : "/model.safetensors";
+    const std::string config = adapter ? "/adapter_config.json" : "/config.json";
+    const std::string mine = saved_dir(dist_args), theirs = saved_dir(ref_args);
+    CHECK(dist["saved"]["format"] == (adapter ? "peft" : "hf-safetensors"));
+    CHECK(dist["saved"]["tensors"] == ref["saved"]["tensors"]);
+    CHECK(read_text(mine + config) == read_text(theirs + config));
+    const auto diff = saved_difference(mine + weights, theirs + weights);
+    const std::string method = !adapter ? "full" : extra.find("qlora") != std::string::npos ? "qlora" : "lora";
+    std::cout << "[dist][save] " << strategy << " x" << nproc << " " << method
+              << ": saved tensors vs the single process's: ||a-b||/||b|| " << diff.norm << ", max|a-b|/max|b| "
+              << diff.max << "\n";
+    CAPTURE(diff.norm, diff.max);
+    // Many rows save the very same bytes. Where the gradients (or the clipping norm) are summed in
+    // another order, fp32 rounding moves a gradient by ~1e-7 of its tensor's scale, which AdamW
+    // amplifies where a gradient is near its eps (the first update is lr * g / (|g| + eps)): a few
+    // elements move by up to ~2e-5 of the tensor's largest, the tensors as a whole by < 1e-6
+    // (worst here 9.0e-7: fsdp on 4 ranks, full fine-tuning).
+    CHECK(diff.norm <= 1e-6);
+    CHECK(diff.max <= 5e-5);
+    // Reloads: the full weights into a fresh model of the config (every name and shape checked);
+    // the adapter's names and shapes are PEFT's for the targets.
+    const auto spec = ftexec_test::tiny_spec();
+    ftexec::LlamaModel fresh = ftexec::llama_create(spec, ftexec::ModelOptions{}, 7);
+    if (!adapter) {
+      CHECK_NOTHROW(ftexec::llama_load_weights(fresh, mine));
+    } else {
+      ftplan::LoraSpec lora;
+      lora.rank = 4;
+      lora.targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+      ftexec::lora_attach(fresh, lora, 0);
+      ftexec::SafetensorsFile file(mine + weights);
+      const auto expected = ftexec::lora_named_parameters(fresh);
+      CHECK(file.entries().size() == expected.size());
+      for (const auto& [name, t] : expected) {
+        CAPTURE(name);
+        REQUIRE(file.find(name) != nullptr);
+        CHECK(file.find(name)->shape == t.sizes().vec());
+      }
+    }
+    // Never the whole model on one rank when the layout shards or splits it: rank 0 holds at most
+    // one gathered (or received) unit beyond its own states while saving.
+    const bool sharded = strategy == "zero3" || strategy == "zero3_offload" || strategy.rfind("fsdp", 0) == 0;
+    if ((sharded || pipelined) && nproc > 1) {
+      const int64_t whole = tensor_bytes(theirs + weights);
+      const int64_t extra_bytes = dist["ranks"][0]["save_peak_extra_bytes"].get<int64_t>();
+      CAPTURE(whole, extra_bytes);
+      CHECK(extra_bytes > 0);
+      CHECK(extra_bytes < whole);
+    }
+  }
+}
+
+TEST_CASE("a layout no preset names runs from its degrees: HSDP with SHARD_GRAD_OP", "[dist][layout]") {
+  // dp_replicate=2 x dp_shard=2 with shard=fsdp_shard_grad_op (PyTorch's _HYBRID_SHARD_ZERO2) is
+  // fsdp_hybrid's layout keeping every unit gathered from its forward to its backward: the same sums
+  // in the same order, so the same losses and saved weights bit for bit, run from the description
+  // alone (no preset has this layout).
+  const std::string job = tiny_job(32, 2, 2, 4) + " --lr 3e-3 ";
+  const std::string hybrid_args = job + "--shard-group-size 2 --strategy fsdp_hybrid --nproc 4";
+  const std::string args = job + "--parallel dp_replicate=2,dp_shard=2,shard=fsdp_shard_grad_op --nproc 4";
+  const auto hybrid = measured(hybrid_args, true);
+  const auto sgo = measured(args, true);
+  CHECK(sgo["candidate"]["strategy"] == "dp_replicate=2,dp_shard=2,shard=fsdp_shard_grad_op");
+  CHECK(sgo["candidate"]["parallel"]["dp_replicate"] == 2);
+  CHECK(sgo["candidate"]["parallel"]["reshard_after_forward"] == false);
+  CHECK(losses(sgo) == losses(hybrid));
+  CHECK(saved_difference(saved_dir(args) + "/model.safetensors", saved_dir(hybrid_args) + "/model.safetensors").max == 0);
+  // No all-gather in backward: fewer bytes gathered than fsdp_hybrid, more memory held.
+  CHECK(sgo["ranks"][0]["comm_bytes"]["all_gather"].get<double>() < hybrid["ranks"][0]["comm_bytes"]["all_gather"].get<double>());
+  CHECK(sgo["ranks"][0]["peak_memory_bytes"].get<double>() > hybrid["ranks"][0]["peak_memory_bytes"].get<double>());
+}
+
+TEST_CASE("bad layouts and a --save that cannot be written are refused before training (one line, exit 2)", "[dist][layout][save]") {
+  ScratchDir dir("bad_layouts");
+  { std::ofstream(dir / "a-file") << "x"; }
+  const std::string job = tiny_job(32, 2, 1, 2) + " --timeout-s 20";
+  const auto [args, expected] = GENERATE_REF(table<std::string, std::string>({
+      {"--parallel tp=2 --nproc 2", "--parallel (parallel) tp=2: tp(2) > 1: ftexec has no tensor parallelism yet"},
+      {"--parallel pp=2,dp_shard=2 --nproc 4", "ftexec runs a pipeline without data parallelism yet"},
+      {"--parallel dp_shard=4 --nproc 2", "--parallel dp_shard=4,shard=fsdp: dp_replicate(1) * dp_shard(4) * cp(1) * tp(1) * pp(1) = 4 != WORLD_SIZE(2)"},
+      {"--strategy fsdp_hybrid --shard-group-size 3 --nproc 4",
+       "--strategy fsdp_hybrid: dp_replicate(1) * dp_shard(3) * cp(1) * tp(1) * pp(1) = 3 != WORLD_SIZE(4) (shard groups of 3 ranks: --shard-group-size)"},
+      {"--strategy pipeline --nproc 4", "pp(4) > num_hidden_layers(2)"},
+      {"--parallel dp_replicate=2,dp_shard=2,shard=zero3 --nproc 4", "DeepSpeed ZeRO shards over every data-parallel rank"},
+      {"--save " + dir / "a-file", "--save: " + dir / "a-file"},
+      {"--strategy zero3 --nproc 2 --save " + dir / "a-file", "--save: " + dir / "a-file"},
+      {"--strategy pipeline --nproc 2 --save " + dir / "no-such-folder/out", "--save: " + dir / "no-such-folder/out"},
+  }));
+  CAPTURE(args);
+  const auto r = run_ftexec(job + " " + args + " --out " + dir / "m.json");
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.output, Contains("ftexec: error: ") && Contains(expected));
+  // One line, and nothing trained or written.
+  CHECK(std::count(r.output.begin(), r.output.end(), '\n') == 1);
+  CHECK_FALSE(std::filesystem::exists(dir / "m.json"));
+  CHECK_FALSE(std::filesystem::exists(dir / "no-such-folder"));
 }
 
 TEST_CASE("weight decay skips biases and norms inside flat shards as the single process does", "[dist][decay]") {
@@ -484,7 +658,8 @@ TEST_CASE("a rank that dies or hangs ends the run with an error naming it", "[di
 
 TEST_CASE("a run stopped after a checkpoint resumes with the identical loss", "[dist][checkpoint]") {
   const auto [strategy, nproc] = GENERATE(table<std::string, int>(
-      {{"ddp", 2}, {"zero2", 2}, {"zero3", 4}, {"pipeline", 2}, {"zero2_offload", 2}, {"zero3_offload", 2}}));
+      {{"ddp", 2}, {"zero2", 2}, {"zero3", 4}, {"pipeline", 2}, {"zero2_offload", 2}, {"zero3_offload", 2},
+       {"single", 1}}));  // one process: the same run path, its checkpoints too
   CAPTURE(strategy, nproc);
   ScratchDir dir("dist_ckpt_" + strategy);
   const std::string job = tiny_job(32, 2, 2, 6) + " --lr 3e-3 --strategy " + strategy + " --nproc " + std::to_string(nproc);

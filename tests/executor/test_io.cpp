@@ -2,13 +2,16 @@
 #include <ATen/ATen.h>
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <set>
 
 #include "executor/data.h"
 #include "executor/llama_model.h"
 #include "executor/lora.h"
 #include "executor/safetensors.h"
+#include "executor/save_folder.h"
 #include "executor_test_util.h"
 #include "planner/errors.h"
 #include "planner/json_fields.h"
@@ -164,6 +167,82 @@ TEST_CASE("the PEFT adapter has PEFT's names, shapes and config", "[executor][lo
     LlamaModel m2 = llama_create(tiny_spec(), ModelOptions{}, 0);
     lora.targets = {"qkv_proj"};
     CHECK_THROWS_WITH(lora_attach(m2, lora, 0), Contains("qkv_proj"));
+  }
+}
+
+TEST_CASE("a safetensors file written tensor by tensor, in any order, equals the one written at once", "[executor][safetensors][save]") {
+  ScratchDir dir("st_stream");
+  LlamaModel m = llama_create(tiny_spec(), ModelOptions{}, 3);
+  llama_save_weights(m, (dir.path / "whole").string());
+  std::vector<SafetensorsWriter::Tensor> layout;
+  const auto named = llama_named_parameters(m);
+  for (const auto& [name, t] : named) layout.push_back({name, "F32", t.sizes().vec()});
+  {
+    SafetensorsWriter w(dir / "streamed.safetensors", layout);
+    for (size_t i = named.size(); i-- > 0;)  // backwards: offsets, not arrival order, place the bytes
+      w.write(named[i].first, "F32", named[i].second.data_ptr(), named[i].second.nbytes());
+    w.finish();
+    CHECK(w.file_bytes() == std::filesystem::file_size(dir / "whole/model.safetensors"));
+  }
+  std::ifstream a(dir / "streamed.safetensors", std::ios::binary), b(dir / "whole/model.safetensors", std::ios::binary);
+  const std::string sa((std::istreambuf_iterator<char>(a)), {}), sb((std::istreambuf_iterator<char>(b)), {});
+  CHECK(sa == sb);  // byte for byte
+
+  SECTION("a tensor missing, unknown, of another size or written twice is an error naming it") {
+    SafetensorsWriter w(dir / "bad.safetensors", layout);
+    const auto& [name, t] = named[1];
+    CHECK_THROWS_WITH(w.write("no.such.tensor", "F32", t.data_ptr(), t.nbytes()), Contains("no.such.tensor"));
+    CHECK_THROWS_WITH(w.write(name, "F32", t.data_ptr(), t.nbytes() - 4), Contains(name) && Contains("bytes"));
+    w.write(name, "F32", t.data_ptr(), t.nbytes());
+    CHECK_THROWS_WITH(w.write(name, "F32", t.data_ptr(), t.nbytes()), Contains("twice"));
+    CHECK_THROWS_WITH(w.finish(), Contains("bad.safetensors") && Contains("was never written"));
+  }
+}
+
+TEST_CASE("--save's folder appears whole or not at all, and keeps files it does not write", "[executor][save]") {
+  namespace fs = std::filesystem;
+  ScratchDir dir("save_folder");
+  auto write = [](const std::string& path, const std::string& text) { std::ofstream(path) << text; };
+  auto read = [](const std::string& path) {
+    std::ifstream in(path);
+    return std::string((std::istreambuf_iterator<char>(in)), {});
+  };
+  auto leftovers = [&](const fs::path& folder) {  // temporary folders left behind
+    int n = 0;
+    for (const auto& e : fs::directory_iterator(folder)) n += e.path().filename().string().find(".ftexec-save-") != std::string::npos;
+    return n;
+  };
+  SECTION("a new folder: nothing until commit, then everything") {
+    const std::string out = dir / "out";
+    SaveFolder f(out);
+    write(f.file("model.safetensors"), "weights");
+    write(f.file("config.json"), "{}");
+    CHECK_FALSE(fs::exists(out));
+    f.commit();
+    CHECK(read(out + "/model.safetensors") == "weights");
+    CHECK(read(out + "/config.json") == "{}");
+    CHECK(leftovers(dir.path) == 0);
+  }
+  SECTION("a folder with files: ours replaced, the others kept") {
+    const std::string out = dir / "existing";
+    fs::create_directories(out);
+    write(out + "/README.md", "mine");
+    write(out + "/model.safetensors", "old");
+    SaveFolder f(out);
+    write(f.file("model.safetensors"), "new");
+    CHECK(read(out + "/model.safetensors") == "old");
+    f.commit();
+    CHECK(read(out + "/model.safetensors") == "new");
+    CHECK(read(out + "/README.md") == "mine");
+    CHECK(leftovers(out) == 0);
+  }
+  SECTION("a run that fails before commit leaves no trace") {
+    {
+      SaveFolder f(dir / "never");
+      write(f.file("model.safetensors"), "half");
+    }
+    CHECK_FALSE(fs::exists(dir / "never"));
+    CHECK(leftovers(dir.path) == 0);
   }
 }
 
