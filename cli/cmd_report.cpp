@@ -15,7 +15,7 @@ int run_report(const ReportOptions& o) {
   if (o.job.json) fail_input("--json: ftplan report writes HTML to -o; ftplan plan --json prints the plan as JSON");
   const LoadedJob job = load_job(o.job);
   const Objective objective = parse_objective(o.objective, "--objective");
-  const std::vector<HardwareSpec> gpus = sweep_gpu_types(o.gpu_types, job.setup);
+  const std::vector<HardwareSpec> gpus = sweep_gpu_types(o.gpu_types, job.setup, &job);
   std::vector<int64_t> counts = sweep_gpu_counts(o.gpu_counts);
   if (std::find(counts.begin(), counts.end(), job.setup.num_gpus) == counts.end()) counts.push_back(job.setup.num_gpus);
   std::sort(counts.begin(), counts.end());

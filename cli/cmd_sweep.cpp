@@ -21,11 +21,12 @@ std::vector<std::string> split(const std::string& list) {
 
 }  // namespace
 
-std::vector<HardwareSpec> sweep_gpu_types(const std::string& list, const TrainingSetup& setup) {
+std::vector<HardwareSpec> sweep_gpu_types(const std::string& list, const TrainingSetup& setup, const LoadedJob* job) {
   std::vector<HardwareSpec> gpus;
   const std::vector<std::string> ids = list.empty() ? std::vector<std::string>{} : split(list);
   for (const auto& id : ids.empty() ? list_hardware_ids() : ids) {
     HardwareSpec hw = load_hardware(id);
+    if (job && job->calibration && job->calibration->device == hw.id) hw = apply_calibration(hw, *job->calibration, job->calibration_path);
     TrainingSetup topology = setup;  // --gpus-per-node applies to every GPU type swept
     topology.nodes.reset();
     apply_topology(topology, hw);
@@ -56,7 +57,7 @@ int run_sweep(const SweepOptions& o) {
     fail_input("--format: '" + o.format + "' is not one of table, csv, json, markdown, svg");
   JobOptions job_options = o.job;
   const LoadedJob job = load_job(job_options);
-  const std::vector<HardwareSpec> gpus = sweep_gpu_types(o.gpu_types, job.setup);
+  const std::vector<HardwareSpec> gpus = sweep_gpu_types(o.gpu_types, job.setup, &job);
   const std::vector<int64_t> counts = sweep_gpu_counts(o.gpu_counts);
   const SweepLimits limits{o.limits.get_number("--max-hours"), o.limits.get_number("--max-cost")};
   if ((limits.max_hours || limits.max_cost) && job_tokens(job.setup) == 0)
@@ -74,6 +75,11 @@ int run_sweep(const SweepOptions& o) {
   else if (o.format == "svg") std::cout << frontier_svg(rows);
   else if (o.format == "json" || o.job.json) std::cout << sweep_json(rows).dump(2) << "\n";
   else std::cout << sweep_table(rows) << import_text(job);
+  if (job.calibration) {
+    const std::string line = "calibrated: " + job.calibration_path + " applied to " + job.calibration->device +
+                             " (the other GPU types use their hwdb figures)\n";
+    (o.format == "table" && !o.job.json ? std::cout : std::cerr) << line;
+  }
   // CSV, Markdown and the JSON list keep their shape: what --from read goes to stderr.
   if (o.format != "table" || o.job.json) std::cerr << import_text(job);
   return (o.cheapest || o.fastest) && rows.empty() ? 1 : 0;

@@ -59,6 +59,18 @@ void add_commands(CLI::App& app, Commands& c) {
       ->required();
   compare->add_flag("--json", c.compare.json, "Print JSON");
   add_validate(app, c);
+  auto* calibrate = app.add_subcommand("calibrate", "Fit the time model's efficiency parameters from measured runs");
+  calibrate->add_option("runs", c.calibrate.runs,
+                        "Measured runs: ftexec's measured.json, or any run log compare reads (with --plan)")
+      ->required();
+  calibrate->add_option("-o,--output", c.calibrate.output, "Write the calibration (for --calibration) to this file");
+  calibrate->add_option("--plan", c.calibrate.plan, "The plan the non-ftexec logs ran (their job and layout)");
+  calibrate->add_option("--prior", c.calibrate.prior, "Start from this calibration (e.g. from ftexec calibrate) instead of the hwdb's figures");
+  calibrate->add_option("--gpu", c.calibrate.gpu, "The hwdb id of the device the runs ran on (default: what the runs say)");
+  calibrate->add_flag("--leave-one-out", c.calibrate.leave_one_out,
+                      "Also judge the calibration: predict each run from a fit on the others, error before and after");
+  calibrate->add_flag("--force", c.calibrate.force, "Use runs whose job differs from --plan's");
+  calibrate->add_flag("--json", c.calibrate.json, "Print JSON");
   compare->add_flag("--force", c.compare.force, "Compare even when the run differs from the planned job");
   compare->add_flag("--ranks", c.compare.ranks,
                     "The runs are ranks of one job: compare the most loaded rank (default: one comparison per run)");
@@ -93,6 +105,7 @@ int run_selected(CLI::App& app, const Commands& c) {
   if (app.got_subcommand("report")) return run_report(c.report);
   if (app.got_subcommand("compare")) return run_compare(c.compare);
   if (app.got_subcommand("validate")) return run_validate(c.validate);
+  if (app.got_subcommand("calibrate")) return run_calibrate(c.calibrate);
   if (app.got_subcommand("gpus")) return run_gpus(c.gpus);
   if (app.got_subcommand("export")) return run_export(c.export_);
   return 2;

@@ -64,6 +64,17 @@ struct CompareOptions {
   std::string torchtune_memory_unit = "auto";  // auto | gib | gb
 };
 
+struct CalibrateOptions {
+  std::vector<std::string> runs;  // measured.json (ftexec), or other stacks' logs with --plan
+  std::string output;             // -o FILE: the calibration
+  std::string plan;               // --plan: the plan the non-ftexec logs ran
+  std::string prior;              // --prior: a calibration to start from (e.g. ftexec calibrate's)
+  std::string gpu;                // --gpu: the hwdb id of the device (default: the runs')
+  bool leave_one_out = false;
+  bool force = false;
+  bool json = false;
+};
+
 struct ValidateOptions {
   std::string suite;   // default configs/validation/published.json
   std::string source;  // only this source's cases
@@ -89,6 +100,7 @@ struct Commands {
   SimulateOptions simulate;
   ReportOptions report;
   CompareOptions compare;
+  CalibrateOptions calibrate;
   ValidateOptions validate;
   GpusOptions gpus;
   ExportCommandOptions export_;
@@ -105,13 +117,16 @@ int run_simulate(const SimulateOptions& options);
 int run_report(const ReportOptions& options);
 int run_compare(const CompareOptions& options);
 int run_validate(const ValidateOptions& options);
+int run_calibrate(const CalibrateOptions& options);
 int run_gpus(const GpusOptions& options);
 int run_export(const ExportCommandOptions& options);
 
 // --gpu-types and --gpu-counts of ftplan sweep and ftplan report, read and checked (InputError
 // naming the flag): the GPU types (default every GPU of hwdb/), each checked against the job's
 // topology flags, and the counts, each in [1, 65536].
-std::vector<HardwareSpec> sweep_gpu_types(const std::string& list, const TrainingSetup& setup);
+// The GPU types of a sweep; the job's --calibration applies to the type it was made on (the others
+// keep their hwdb figures).
+std::vector<HardwareSpec> sweep_gpu_types(const std::string& list, const TrainingSetup& setup, const LoadedJob* job = nullptr);
 std::vector<int64_t> sweep_gpu_counts(const std::string& list);
 
 // ftplan plan --simulate: re-rank the finalists by their simulated step time.

@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "planner/calibration.h"
 #include "planner/data_paths.h"
 #include "planner/errors.h"
 #include "planner/framework.h"
@@ -22,6 +23,8 @@ void add_job_options(CLI::App& app, JobOptions& o) {
       ->allow_extra_args(false);  // one file per --from: a job file after it stays the positional
   bind_field_flags(app, o.flags, kFtplanFlag, job_field_defaults());
   app.add_flag("--json", o.json, "Print JSON instead of a table");
+  app.add_option("--calibration", o.calibration,
+                 "Efficiency parameters from `ftplan calibrate` or `ftexec calibrate` (calibration.json) for the job's GPU");
 }
 
 namespace {
@@ -77,6 +80,11 @@ LoadedJob load_job(const JobOptions& o) {
     if (s.model.empty()) fail_input("--model: required (the --from files name no model: base_model, model_name_or_path, model._component_)");
   }
   job.hardware = load_hardware(s.gpu);
+  if (!o.calibration.empty()) {
+    job.calibration = load_calibration(o.calibration);
+    job.calibration_path = o.calibration;
+    job.hardware = apply_calibration(job.hardware, *job.calibration, o.calibration);
+  }
   apply_topology(s, job.hardware);
   if (job.imported) apply_config_rules(s, *job.imported, job.hardware, given);
   // The framework fills what the user left out (its precision, loss, FSDP version, ...) and refuses
@@ -95,13 +103,23 @@ LoadedJob load_job(const JobOptions& o) {
 }
 
 void add_import_json(const LoadedJob& job, nlohmann::json& out) {
-  if (job.imported && out.is_object()) out["import"] = import_json(*job.imported);
+  if (!out.is_object()) return;
+  if (job.imported) out["import"] = import_json(*job.imported);
+  if (job.calibration)
+    out["calibration"] = {{"path", job.calibration_path},
+                          {"device", job.calibration->device},
+                          {"method", job.calibration->method},
+                          {"parameters", calibration_to_json(*job.calibration)["parameters"]},
+                          {"determined", job.calibration->determined}};
 }
 
 std::string import_text(const LoadedJob& job) {
-  if (!job.imported) return "";
   std::string text;
-  for (const auto& line : import_lines(*job.imported)) text += line + "\n";
+  if (job.imported)
+    for (const auto& line : import_lines(*job.imported)) text += line + "\n";
+  if (job.calibration)
+    text += "calibrated: " + job.calibration_path + " (" + job.calibration->method + " on " + job.calibration->device +
+            "): its efficiencies, bandwidth factors and latency replace the hwdb's in every time above\n";
   return text;
 }
 

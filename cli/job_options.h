@@ -10,6 +10,7 @@
 #include <CLI/CLI.hpp>
 
 #include "cli/field_flags.h"
+#include "planner/calibration.h"
 #include "planner/config_import.h"
 #include "planner/hardware_spec.h"
 #include "planner/model_spec.h"
@@ -21,6 +22,7 @@ struct JobOptions {
   std::string job_file;
   std::vector<std::string> from;  // --from FILE (repeatable): DeepSpeed, accelerate, axolotl, torchtune, ... configs
   FieldFlags flags;  // the table's kFtplanFlag rows as typed
+  std::string calibration;        // --calibration FILE: the efficiency parameters of `ftplan calibrate` / `ftexec calibrate`
   bool json = false;
 };
 
@@ -34,6 +36,8 @@ struct LoadedJob {
   HardwareSpec hardware;
   std::string model_path;  // the config.json the model came from (resolved)
   std::optional<ConfigImport> imported;  // what --from read: files, mapped and ignored keys, notes
+  std::optional<Calibration> calibration;  // --calibration, applied to `hardware`
+  std::string calibration_path;
 };
 
 // Reads the job file (if any), applies the flags, reads the --from configs (a flag or job key that

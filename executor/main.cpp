@@ -10,10 +10,13 @@
 #include <filesystem>
 #include <iostream>
 #include <optional>
+#include <thread>
 
 #include <CLI/CLI.hpp>
 
+#include "executor/calibrate.h"
 #include "executor/checkpoint.h"
+#include "executor/comm.h"
 #include "executor/dist_run.h"
 #include "executor/exec_job.h"
 #include "executor/launch.h"
@@ -71,6 +74,22 @@ void setup_run(CLI::App& app, RunOptions& o) {
   run->add_flag("--resume", o.dist.resume,
                 "continue from the newest complete checkpoint in --checkpoint-dir (its manifest and checksums verified)");
   run->add_option("--backend", o.dist.backend, "auto (nccl on CUDA, gloo on CPU) | gloo | nccl")->capture_default_str();
+}
+
+struct CalibrateCmd {
+  bool selected = false;
+  RunOptions run;  // the job (plan or flags) whose shapes are timed; -o the calibration file
+};
+
+void setup_calibrate(CLI::App& app, CalibrateCmd& o) {
+  auto* cal = app.add_subcommand("calibrate", "Measure the time model's efficiency parameters on this machine "
+                                              "(GEMMs and attention at the job's shapes, the optimizer step, collectives "
+                                              "with --nproc) and write them as a calibration for ftplan --calibration");
+  cal->add_option("plan", o.run.plan_file, "plan.json or job file whose model and shapes are timed (or give --model ...)");
+  cal->add_option("-o,--out", o.run.out, "where to write calibration.json (atomically; - for standard output)")->required();
+  ftplan::cli::bind_field_flags(*cal, o.run.flags, ftplan::kFtexecFlag, run_defaults());
+  cal->add_option("--backend", o.run.dist.backend, "auto (nccl on CUDA, gloo on CPU) | gloo | nccl")->capture_default_str();
+  cal->callback([&o] { o.selected = true; });
 }
 
 std::vector<std::string> rank_args_;  // the command line for the ranks --nproc starts
@@ -182,6 +201,57 @@ int run_run(const RunOptions& o) {
   return 0;
 }
 
+int run_calibrate(const CalibrateCmd& cmd) {
+  const RunOptions& o = cmd.run;
+  const auto& f = o.flags;
+  f.validate();
+  if (o.out != "-") ftplan::check_output_path(o.out, "--out");
+  ftplan::TrainingSetup setup;
+  if (!o.plan_file.empty()) {
+    setup = ftexec::setup_from_plan(ftplan::read_json_file(o.plan_file), o.plan_file);
+  } else {
+    if (!f.has("--model")) ftplan::fail_input("--model: required without a plan or job file");
+    setup.device = "cpu";
+  }
+  f.apply_job(setup);
+  const std::string device = f.has("--device") ? *f.get_text("--device") : (setup.gpu == "cpu" ? std::string("cpu") : setup.device);
+  ftexec::ExecJob job = ftexec::make_exec_job(setup, device);
+  job.threads = f.get_int("--threads").value_or(job.threads);
+  // The hwdb entry the efficiencies are relative to: --gpu, else hwdb/cpu.json for a CPU run.
+  const std::string hw_id = f.has("--gpu") || device.rfind("cuda", 0) == 0 ? setup.gpu : std::string("cpu");
+  (void)ftplan::load_hardware(hw_id);  // a bad --gpu is one line now, not after the timings
+  const int nproc = static_cast<int>(f.get_int("--nproc").value_or(0));
+  if (nproc > 1 && !std::getenv("RANK")) {
+    ftexec::LaunchOptions lo;
+    lo.nproc = nproc;
+    lo.timeout_s = f.get_number("--timeout-s").value_or(ftexec::DistOptions{}.timeout_s);
+    return ftexec::launch_local(lo, rank_args_, std::cerr);
+  }
+  const ftexec::DistEnv env = ftexec::dist_env_from_environment();
+  const int cores = static_cast<int>(std::max<unsigned>(1, std::thread::hardware_concurrency()));
+  at::set_num_threads(job.threads > 0 ? int(job.threads) : std::max(1, cores / std::max(1, env.local_world)));
+  ftexec::CommOptions co;
+  co.rank = env.rank;
+  co.world = env.world;
+  co.master_addr = env.master_addr;
+  co.master_port = env.master_port;
+  co.host_store = env.host_store;
+  co.timeout_s = f.get_number("--timeout-s").value_or(ftexec::DistOptions{}.timeout_s);
+  co.backend = o.dist.backend == "auto" ? (device.rfind("cuda", 0) == 0 ? "nccl" : "gloo") : o.dist.backend;
+  std::unique_ptr<ftexec::Comm> comm = ftexec::Comm::connect(co);
+  const nlohmann::json cal = ftexec::calibrate_device(job, hw_id, *comm);
+  if (env.rank != 0) return 0;
+  ftplan::write_output(o.out, cal.dump(2) + "\n", "--out");
+  const auto& p = cal["parameters"];
+  (o.out == "-" ? std::cerr : std::cout) << "calibrated " << hw_id << " (" << cal["precision"].get<std::string>()
+      << "): GEMM efficiency " << p["gemm_efficiency"]["64"].get<double>() << " / " << p["gemm_efficiency"]["512"].get<double>()
+      << " / " << p["gemm_efficiency"]["4096"].get<double>() << " at 64 / 512 / 4096, attention "
+      << p["attention_efficiency"].get<double>() << ", optimizer bandwidth x" << p["optimizer_bandwidth_factor"].get<double>()
+      << (env.world > 1 ? ", all-reduce bandwidth x" + std::to_string(p["link_bandwidth_factor"]["intra_node"].get<double>()) : std::string())
+      << (o.out == "-" ? std::string() : ", wrote " + o.out) << "\n";
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -190,6 +260,8 @@ int main(int argc, char** argv) {
   app.add_flag_callback("--version", [] { std::cout << "ftexec " FTPLAN_VERSION "\n"; std::exit(0); }, "Print the version and exit");
   RunOptions options;
   setup_run(app, options);
+  CalibrateCmd calibrate;
+  setup_calibrate(app, calibrate);
   // A rank of a distributed run leaves through _Exit on failure: c10d's destructors could wait on a
   // peer that is gone.
   const bool is_rank = std::getenv("RANK") || std::getenv("SLURM_PROCID") || std::getenv("OMPI_COMM_WORLD_RANK");
@@ -204,7 +276,7 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
     rank_args_ = rank_args(argc, argv);
-    return finish(run_run(options));
+    return finish(calibrate.selected ? run_calibrate(calibrate) : run_run(options));
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {

@@ -1,6 +1,7 @@
 #include "planner/compute_model.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace ftplan {
 
@@ -62,12 +63,88 @@ double compute_efficiency(const HardwareSpec& hw, const TrainingSetup& setup) {
   return setup.efficiency.value_or(hw.matmul_efficiency);
 }
 
+double gemm_efficiency(const EfficiencyModel& eff, double fallback, double smallest_dim) {
+  if (eff.gemm.size() != 3) return fallback;
+  const double d = std::max(1.0, smallest_dim);
+  if (d <= kGemmAnchorDims[0]) return eff.gemm[0];
+  if (d >= kGemmAnchorDims[2]) return eff.gemm[2];
+  const int i = d < kGemmAnchorDims[1] ? 0 : 1;
+  const double t = (std::log2(d) - std::log2(kGemmAnchorDims[i])) / (std::log2(kGemmAnchorDims[i + 1]) - std::log2(kGemmAnchorDims[i]));
+  // Interpolate the time per FLOP (1 / efficiency), log-linearly in the dimension.
+  return 1.0 / ((1.0 - t) / eff.gemm[i] + t / eff.gemm[i + 1]);
+}
+
+PieceRates piece_rates(const ModelSpec& m, const HardwareSpec& hw, const TrainingSetup& setup, double rows, int64_t tp,
+                       int64_t ep) {
+  PieceRates r;
+  const double peak = peak_flops(hw, setup.precision);
+  const double e = compute_efficiency(hw, setup);
+  r.rate = peak * e;
+  r.block_matmul = r.attention = r.lora = r.head = r.rate;
+  const EfficiencyModel& eff = hw.efficiency;
+  if (setup.efficiency || (eff.gemm.size() != 3 && !eff.attention)) return r;
+  r.uniform = false;
+  r.attention = peak * eff.attention.value_or(e);
+  tp = std::max<int64_t>(1, tp);
+  // FLOPs and seconds per token of the block's GEMMs as one tensor-parallel rank runs them (the mean
+  // block of a MoE model with dense layers, as flops_per_token weighs them).
+  double mm_flops = 0, mm_s = 0, lora_flops = 0, lora_s = 0;
+  const bool lora = setup.method != Method::full;
+  auto add = [&](const std::vector<LinearShape>& linears, double share) {
+    for (const auto& lin : linears) {
+      const bool expert = is_expert_role(lin.role);
+      const double runs = expert ? double(m.moe.top_k) : 1.0;
+      const double gemm_rows = expert && m.moe.num_experts > 0
+                                   ? rows * double(m.moe.top_k) * double(std::max<int64_t>(1, ep)) / double(m.moe.num_experts)
+                                   : rows;
+      const double f = share * runs * 2.0 * double(lin.in_features) * double(lin.out_features);
+      mm_flops += f;
+      mm_s += f / (peak * gemm_efficiency(eff, e, std::min({gemm_rows, double(lin.in_features), double(lin.out_features)})));
+      if (lora && std::find(setup.lora.targets.begin(), setup.lora.targets.end(), lin.name) != setup.lora.targets.end()) {
+        const double lf = share * runs * 2.0 * setup.lora.rank * double(lin.in_features + lin.out_features);
+        lora_flops += lf;
+        lora_s += lf / (peak * gemm_efficiency(eff, e, std::min<double>(gemm_rows, double(setup.lora.rank))));
+      }
+    }
+  };
+  const double L = double(std::max<int64_t>(1, m.num_layers));
+  if (!m.moe.active()) {
+    add(block_linears(m, tp), 1.0);
+  } else {
+    const double moe_share = double(m.moe.num_moe_layers()) / L;
+    add(layer_linears(m, true), moe_share);
+    if (!m.moe.uniform()) add(layer_linears(m, false), 1.0 - moe_share);
+  }
+  if (mm_s > 0) r.block_matmul = mm_flops / mm_s;
+  if (lora_s > 0) r.lora = lora_flops / lora_s;
+  // The head: rows x hidden x vocabulary / tp (vocabulary-parallel).
+  r.head = peak * gemm_efficiency(eff, e, std::min({rows, double(m.hidden_size), double(m.vocab_size) / double(tp)}));
+  return r;
+}
+
+double block_forward_s_per_token(const FlopsPerToken& f, const PieceRates& r) {
+  if (r.uniform) return (f.block_matmul + f.block_attention + f.block_lora) / r.rate;
+  return f.block_matmul / r.block_matmul + f.block_attention / r.attention + f.block_lora / r.lora;
+}
+
+double forward_s_per_token(const ModelSpec& m, const FlopsPerToken& f, const PieceRates& r) {
+  if (r.uniform) return f.forward / r.rate;
+  return double(m.num_layers) * block_forward_s_per_token(f, r) + f.head / r.head;
+}
+
+double backward_s_per_token(const ModelSpec& m, const FlopsPerToken& f, const PieceRates& r) {
+  if (r.uniform) return f.backward / r.rate;
+  const double k = f.weights_train ? 2.0 : 1.0;  // as flops_per_token: input gradients, and weights' where they train
+  return double(m.num_layers) * (2.0 * f.block_attention / r.attention + k * f.block_matmul / r.block_matmul + 2.0 * f.block_lora / r.lora) +
+         k * f.head / r.head;
+}
+
 double nf4_dequant_time_s(int64_t nf4_params, const HardwareSpec& hw) {
   return nf4_params * (0.516 + 2.0) / hw.hbm_bandwidth_bytes_per_s;
 }
 
 double optimizer_step_time_s(double trainable_params, const HardwareSpec& hw) {
-  return trainable_params * 28.0 / hw.hbm_bandwidth_bytes_per_s;
+  return trainable_params * 28.0 / (hw.hbm_bandwidth_bytes_per_s * hw.efficiency.optimizer_bandwidth_factor);
 }
 
 }  // namespace ftplan

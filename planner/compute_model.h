@@ -42,12 +42,39 @@ double peak_flops(const HardwareSpec& hw, Precision precision);
 // The efficiency used: the user's --efficiency, else the hwdb's matmul_efficiency.
 double compute_efficiency(const HardwareSpec& hw, const TrainingSetup& setup);
 
+// The achieved FLOP/s of each piece of the work for a micro-batch of `rows` token rows per rank (after
+// context parallelism's split), from the hardware's efficiency model (hardware_spec.h EfficiencyModel):
+// each GEMM at the efficiency of its smallest dimension (rows, or its in or out features as one
+// tensor-parallel rank holds them; a routed expert sees rows·top_k·ep / num_experts rows; a LoRA
+// adapter's smallest dimension is its rank), a piece's rate the FLOP-weighted harmonic mean over its
+// GEMMs; attention at its own efficiency. Where nothing is calibrated, or the user gave --efficiency,
+// every piece runs at `rate` and `uniform` is true (the one-rate sums are kept exactly).
+struct PieceRates {
+  double block_matmul = 0, attention = 0, lora = 0, head = 0;  // FLOP/s
+  double rate = 0;        // the uniform rate: peak · compute_efficiency
+  bool uniform = true;
+};
+PieceRates piece_rates(const ModelSpec& model, const HardwareSpec& hw, const TrainingSetup& setup, double rows,
+                       int64_t tp = 1, int64_t ep = 1);
+
+// GEMM efficiency at a smallest dimension, from the model's three anchors (log2-interpolated, held
+// beyond the ends); `fallback` where the model has none.
+double gemm_efficiency(const EfficiencyModel& eff, double fallback, double smallest_dim);
+
+// Seconds per token of the whole model's forward and backward (weights' gradients where they train)
+// at these rates; the one-rate sums forward / rate and backward / rate when uniform.
+double forward_s_per_token(const ModelSpec& model, const FlopsPerToken& f, const PieceRates& r);
+double backward_s_per_token(const ModelSpec& model, const FlopsPerToken& f, const PieceRates& r);
+// One block's forward at these rates (what full checkpointing recomputes, per block), per token.
+double block_forward_s_per_token(const FlopsPerToken& f, const PieceRates& r);
+
 // QLoRA dequantises every NF4 weight before each use: a memory-bound pass reading 0.516 B and
 // writing 2 B per parameter at HBM bandwidth.
 double nf4_dequant_time_s(int64_t nf4_params, const HardwareSpec& hw);
 
 // AdamW step: a memory-bound pass reading and writing ~28 B per trainable parameter (fp32 master,
 // gradient, two moments, bf16 copy) at HBM bandwidth.
+// A calibration scales the bandwidth (EfficiencyModel::optimizer_bandwidth_factor).
 double optimizer_step_time_s(double trainable_params, const HardwareSpec& hw);
 
 // DeepSpeed's CPU-Adam on the host for offload: ~1e9 parameters per second per GPU's process

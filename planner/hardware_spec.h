@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,20 @@ struct Topology {
   std::vector<TopologyVertex> vertices;
   std::vector<TopologyLink> links;
 };
+
+// The efficiency parameters of the time model beyond hwdb's one matmul_efficiency: what a calibration
+// (planner/calibration.h) fits from measured runs or `ftexec calibrate` measures. Unset: hwdb's
+// matmul_efficiency everywhere, the hwdb bandwidths as written.
+struct EfficiencyModel {
+  // GEMM efficiency (achieved / peak) at the anchors of a GEMM's smallest dimension (rows, in or out
+  // features): thin 64, medium 512, large 4096; between anchors interpolated in log2 of the dimension,
+  // beyond them held. Empty: matmul_efficiency for every GEMM.
+  std::vector<double> gemm;             // 3 values or none
+  std::optional<double> attention;      // attention scores and P·V (QK^T, softmax, PV), achieved / peak
+  double optimizer_bandwidth_factor = 1.0;  // the AdamW pass's achieved / hbm_bandwidth_bytes_per_s
+  std::string source;                   // the calibration file applied, "" for hwdb's figures
+};
+constexpr double kGemmAnchorDims[3] = {64.0, 512.0, 4096.0};
 
 struct HardwareSpec {
   std::string id;                          // file stem, e.g. "a100-80gb-sxm"
@@ -55,6 +70,7 @@ struct HardwareSpec {
   double comm_latency_s = 0;               // per collective step (alpha), e.g. 1e-5
   int64_t framework_overhead_bytes = 0;    // CUDA context + cuBLAS workspace + allocator slack
   Topology topology;                       // one node; derived as a star when the file has none
+  EfficiencyModel efficiency;              // a calibration's parameters (planner/calibration.h), else unset
   std::map<std::string, std::string> sources;  // figure name -> where it comes from
 };
 

@@ -48,6 +48,21 @@ std::vector<std::string> step_assumptions(const PlanContext& ctx, const Training
       << (setup.precision == Precision::fp32 ? "fp32" : "bf16") << ") x efficiency "
       << format_fixed(ctx.efficiency, 2) << (setup.efficiency ? " (--efficiency)" : " (hwdb matmul_efficiency)")
       << "; FLOPs: 2/weight/token forward, backward 2x (trained) or 1x (frozen), attention 4*S*q_dim per layer";
+  if (!hw.efficiency.source.empty()) {
+    const EfficiencyModel& e = hw.efficiency;
+    if (setup.efficiency) {
+      eff << "; calibration " << e.source << " not used for compute (--efficiency given)";
+    } else {
+      eff << "; calibrated by " << e.source << ": GEMM efficiency";
+      if (e.gemm.size() == 3)
+        eff << " " << format_fixed(e.gemm[0], 3) << " / " << format_fixed(e.gemm[1], 3) << " / " << format_fixed(e.gemm[2], 3)
+            << " at smallest dimension 64 / 512 / 4096";
+      else
+        eff << " hwdb's";
+      eff << ", attention " << (e.attention ? format_fixed(*e.attention, 3) : std::string("hwdb's"))
+          << ", optimizer bandwidth x" << format_fixed(e.optimizer_bandwidth_factor, 3);
+    }
+  }
   lines.push_back(eff.str());
   std::ostringstream net;
   net << "network: " << ctx.net.nodes << " node(s) x " << ctx.net.gpus_per_node << " GPU(s); ring "
@@ -55,6 +70,7 @@ std::vector<std::string> step_assumptions(const PlanContext& ctx, const Training
   if (!ctx.net.intra_bottleneck.empty()) net << " (bottleneck " << ctx.net.intra_bottleneck << ")";
   if (ctx.net.nodes > 1) net << ", inter-node " << format_fixed(ctx.net.inter_bandwidth_bytes_per_s / 1e9, 1) << " GB/s per GPU";
   net << ", latency " << hw.comm_latency_s * 1e6 << " us per ring step";
+  if (!hw.efficiency.source.empty()) net << " (bandwidths and latency as calibrated by " << hw.efficiency.source << ")";
   lines.push_back(net.str());
   lines.push_back("overlap: DDP and ZeRO-1/2 gradient reduction hides behind backward except the last 25 MiB "
                   "bucket; ZeRO-3/FSDP gathers prefetch behind compute except the first layer's; ZeRO parameter "

@@ -23,6 +23,8 @@ PlanContext prepare_plan(const ModelSpec& model, const HardwareSpec& hw, const T
   c.net = c.group_net({c.num_gpus, 1});  // interconnect_for(hw, num_gpus), through the cache
   c.peak_flops = peak_flops(hw, setup.precision);
   c.efficiency = compute_efficiency(hw, setup);
+  c.uniform_rates = piece_rates(model, hw, setup, 0.0);  // uniform: no calibration, or --efficiency
+  if (!c.uniform_rates.uniform) c.uniform_rates = PieceRates{};
   const PreparedJob& m = c.memory;
   const double L = static_cast<double>(model.num_layers);
   // Expert parallelism: a block's data-parallel traffic carries its other parameters and the rank's own
@@ -58,6 +60,15 @@ PlanContext prepare_plan(const ModelSpec& model, const HardwareSpec& hw, const T
   c.weight_bytes = c.embedding_weight_bytes + L * c.block_weight_bytes + c.head_weight_bytes;
   c.grad_bytes = c.embedding_grad_bytes + L * c.block_grad_bytes + c.head_grad_bytes;
   return c;
+}
+
+PieceRates PlanContext::rates_for(double rows, int64_t ep) const {
+  if (uniform_rates.uniform && uniform_rates.rate > 0) return uniform_rates;
+  for (const auto& [key, r] : rates_cache)
+    if (key.first == rows && key.second == ep) return r;
+  if (rates_cache.size() > 64) rates_cache.clear();
+  rates_cache.emplace_back(std::make_pair(rows, ep), piece_rates(*memory.model, *memory.hw, *memory.setup, rows, memory.shape.tp, ep));
+  return rates_cache.back().second;
 }
 
 const Interconnect& PlanContext::group_net(const GroupPlacement& g) const {
@@ -151,9 +162,9 @@ ShardedLayerComm sharded_layer_comm(const PlanContext& ctx, const Candidate& can
   const Parallelism& par = cand.parallel;
   const double T = tokens;
   const double act_elem = activation_bytes(setup.precision);
-  const double rate = ctx.peak_flops * ctx.efficiency;
+  const PieceRates rates = ctx.rates_for(T / double(par.cp), par.ep);
   ShardedLayerComm lc;
-  lc.attention_forward_s = ctx.flops.block_attention * T / rate / static_cast<double>(par.tp * par.cp);
+  lc.attention_forward_s = ctx.flops.block_attention * T / rates.attention / static_cast<double>(par.tp * par.cp);
   // Tensor parallelism (Megatron-LM, Shoeybi et al. 2019): per block two all-reduces of the activations
   // in forward (after the row-parallel o_proj and down_proj) and two in backward (the input gradients of
   // the column-parallel q/k/v and gate/up), two more when full checkpointing recomputes the forward;
@@ -210,7 +221,9 @@ StepEstimate estimate_step(const PlanContext& ctx, const Candidate& cand, const 
   const double G = static_cast<double>(setup.grad_accum);
   // Tokens per micro-batch per data-parallel replica.
   const double T = micro_batch_tokens(setup, cand.micro_batch);
-  const double rate = ctx.peak_flops * ctx.efficiency;
+  // The achieved FLOP/s of each piece at this micro-batch's GEMM shapes (compute_model.h).
+  const PieceRates rates = ctx.rates_for(T / double(par.cp), par.ep);
+  const double rate = rates.rate;
   const bool ckpt = cand.checkpointing == Checkpointing::full;
   // Tensor and context parallelism split every token's work: each rank computes 1/(tp·cp) of it.
   const double split = static_cast<double>(par.tp * par.cp);
@@ -237,9 +250,18 @@ StepEstimate estimate_step(const PlanContext& ctx, const Candidate& cand, const 
     expert_extra_backward = expert_extra_forward * (ctx.flops.weights_train ? 2.0 : 1.0) + (ckpt ? expert_extra_forward : 0);
   }
   // One micro-batch through the whole model on one GPU (its 1/(tp·cp) share).
-  const double forward = (ctx.flops.forward + expert_extra_forward) * T / rate / split;
-  const double backward = (ctx.flops.backward + (ckpt ? ctx.flops.block_forward : 0) + selective_recompute + expert_extra_backward) *
-                          T / rate / split;
+  double forward = 0, backward = 0;
+  if (rates.uniform) {
+    forward = (ctx.flops.forward + expert_extra_forward) * T / rate / split;
+    backward = (ctx.flops.backward + (ckpt ? ctx.flops.block_forward : 0) + selective_recompute + expert_extra_backward) * T / rate / split;
+  } else {
+    // Each piece at its own rate: recompute at the forward's rates, selective recompute of the attention
+    // core at attention's (of matmuls at the block matmuls'), the busiest expert rank's extra at the matmuls'.
+    const double selective_s = selective_recompute / (ctx.memory.framework->selective_mode == "every-second-matmul" ? rates.block_matmul : rates.attention);
+    forward = (forward_s_per_token(model, ctx.flops, rates) + expert_extra_forward / rates.block_matmul) * T / split;
+    backward = (backward_s_per_token(model, ctx.flops, rates) + (ckpt ? model.num_layers * block_forward_s_per_token(ctx.flops, rates) : 0) +
+                selective_s + expert_extra_backward / rates.block_matmul) * T / split;
+  }
   const double dequant = ctx.nf4_params ? nf4_dequant_time_s(ctx.nf4_params / par.tp, hw) * (ckpt ? 3 : 2) : 0;
   // Activation offloading: each block input goes to the host in forward and back in backward, on
   // its own stream (torchtune's OffloadActivations): only what compute cannot hide is exposed.
@@ -285,7 +307,7 @@ StepEstimate estimate_step(const PlanContext& ctx, const Candidate& cand, const 
     ep_comm = count * collective_time_s(ep_net, Collective::all_to_all, buffer);
     ep_bytes = count * wire_bytes(Collective::all_to_all, buffer, par.ep);
     const double expert_compute =
-        (ctx.flops.block_expert * model.num_layers * load * (ctx.flops.weights_train ? 3.0 : 2.0)) * T / rate / split;
+        (ctx.flops.block_expert * model.num_layers * load * (ctx.flops.weights_train ? 3.0 : 2.0)) * T / rates.block_matmul / split;
     ep_exposed = ctx.memory.framework->expert_parallel_overlap ? exposed(ep_comm, expert_compute, 0.0) : ep_comm;
   }
   micro += tp_comm + cp_exposed;

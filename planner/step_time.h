@@ -49,6 +49,12 @@ struct PlanContext {
   int64_t trainable_params = 0;
   int64_t expert_trainable_params = 0;  // the routed experts' share of trainable_params
   int64_t num_gpus = 1;
+  // The achieved FLOP/s of each piece for `rows` token rows per rank (compute_model.h piece_rates at
+  // this context's tensor-parallel shape): `uniform_rates` where nothing is calibrated, else computed
+  // once per (rows, ep) and kept.
+  PieceRates rates_for(double rows, int64_t ep = 1) const;
+  PieceRates uniform_rates;
+  mutable std::vector<std::pair<std::pair<double, int64_t>, PieceRates>> rates_cache;
 
   // The network of one process group (planner/parallelism.h GroupPlacement), computed once per
   // (size, stride, GPUs used on a node) and kept: a search meets the same groups in many layouts, and

@@ -18,7 +18,11 @@ StepInputs step_inputs_from_plan(const PlanContext& ctx, const Candidate& c, boo
   const double T = micro_batch_tokens(setup, B);
   const Parallelism& layout = c.parallel;
   // Tensor and context parallelism split every token's work: each rank computes 1/(tp·cp) of it.
-  const double seconds_per_flop = 1.0 / (ctx.peak_flops * ctx.efficiency * static_cast<double>(layout.tp * layout.cp));
+  // Each piece at its achieved rate (compute_model.h piece_rates: one rate unless calibrated).
+  const double split = static_cast<double>(layout.tp * layout.cp);
+  const PieceRates rates = ctx.rates_for(T / double(layout.cp), layout.ep);
+  const double s_mm = 1.0 / (rates.block_matmul * split), s_att = 1.0 / (rates.attention * split),
+               s_lora = 1.0 / (rates.lora * split), s_head = 1.0 / (rates.head * split);
   const ShardedLayerComm lc = sharded_layer_comm(ctx, c, T);
   const FlopsPerToken& f = ctx.flops;
 
@@ -63,13 +67,13 @@ StepInputs step_inputs_from_plan(const PlanContext& ctx, const Candidate& c, boo
   for (int64_t l = 0; l < model.num_layers; ++l) {
     LayerCost block;
     block.name = "block " + std::to_string(l);
-    block.forward_s = (f.block_matmul + f.block_attention + f.block_lora) * T * seconds_per_flop + block_dequant;
-    block.backward_input_s = (f.block_matmul + 2 * f.block_attention + f.block_lora) * T * seconds_per_flop + block_dequant;
-    block.backward_weight_s = ((f.weights_train ? f.block_matmul : 0.0) + f.block_lora) * T * seconds_per_flop;
+    block.forward_s = (f.block_matmul * s_mm + f.block_attention * s_att + f.block_lora * s_lora) * T + block_dequant;
+    block.backward_input_s = (f.block_matmul * s_mm + 2 * f.block_attention * s_att + f.block_lora * s_lora) * T + block_dequant;
+    block.backward_weight_s = ((f.weights_train ? f.block_matmul * s_mm : 0.0) + f.block_lora * s_lora) * T;
     if (model.moe.active()) {
-      block.forward_s += extra * T * seconds_per_flop;
-      block.backward_input_s += extra * T * seconds_per_flop;
-      block.backward_weight_s += (f.weights_train ? extra : 0.0) * T * seconds_per_flop;
+      block.forward_s += extra * T * s_mm;
+      block.backward_input_s += extra * T * s_mm;
+      block.backward_weight_s += (f.weights_train ? extra : 0.0) * T * s_mm;
       if (model.moe.moe_layers[size_t(l)]) block.all_to_all_bytes = a2a_bytes;
     }
     block.param_bytes = ctx.block_weight_bytes;
@@ -90,9 +94,9 @@ StepInputs step_inputs_from_plan(const PlanContext& ctx, const Candidate& c, boo
 
   LayerCost head;
   head.name = "head+loss";
-  head.forward_s = f.head * T * seconds_per_flop;
-  head.backward_input_s = f.head * T * seconds_per_flop;
-  head.backward_weight_s = f.weights_train ? f.head * T * seconds_per_flop : 0.0;
+  head.forward_s = f.head * T * s_head;
+  head.backward_input_s = f.head * T * s_head;
+  head.backward_weight_s = f.weights_train ? f.head * T * s_head : 0.0;
   head.param_bytes = ctx.head_weight_bytes;
   head.grad_bytes = ctx.head_grad_bytes;
   head.updated_param_bytes = ctx.head_update_bytes;

@@ -1,0 +1,190 @@
+#include "executor/calibrate.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include "executor/torch_compat.h"
+#include "executor/trainer.h"
+#include "planner/calibration.h"
+#include "planner/collectives.h"
+#include "planner/compute_model.h"
+#include "planner/errors.h"
+#include "planner/hardware_spec.h"
+
+namespace ftexec {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Median seconds of `fn` over repeats: one warm-up call, then repeats until `budget_s` has passed
+// (at least 3, at most 50).
+double time_median_s(const std::function<void()>& fn, bool cuda, double budget_s = 0.3) {
+  fn();
+  if (cuda) compat::cuda_synchronize();
+  std::vector<double> times;
+  const auto start = Clock::now();
+  while (times.size() < 3 || (times.size() < 50 && std::chrono::duration<double>(Clock::now() - start).count() < budget_s)) {
+    const auto t0 = Clock::now();
+    fn();
+    if (cuda) compat::cuda_synchronize();
+    times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
+  return times[times.size() / 2];
+}
+
+}  // namespace
+
+nlohmann::json calibrate_device(const ExecJob& job, const std::string& hw_id, Comm& comm) {
+  const ftplan::HardwareSpec hw = ftplan::load_hardware(hw_id);
+  const ftplan::TrainingSetup& s = job.setup;
+  const ftplan::ModelSpec& m = job.model;
+  const double peak = ftplan::peak_flops(hw, s.precision);
+  if (!(peak > 0)) ftplan::fail_input("--gpu: hwdb entry " + hw_id + " has no peak FLOP/s for precision " + ftplan::to_string(s.precision));
+  const bool cuda = job.device.rfind("cuda", 0) == 0;
+  const at::ScalarType dtype = s.precision == ftplan::Precision::fp32 ? at::kFloat : at::kBFloat16;
+  const auto opts = at::TensorOptions().dtype(dtype).device(at::Device(job.device));
+  nlohmann::json details = nlohmann::json::object();
+  ftplan::Calibration c;
+  c.device = hw_id;
+  c.precision = ftplan::to_string(s.precision);
+  c.method = "measured";
+
+  comm.barrier();
+  if (comm.rank() == 0) {
+    at::NoGradGuard no_grad;
+    // GEMMs: (smallest dimension, efficiency) points.
+    std::vector<std::pair<double, double>> points;
+    nlohmann::json gemms = nlohmann::json::array();
+    auto time_gemm = [&](int64_t rows, int64_t k, int64_t n, const std::string& what) {
+      at::Tensor a = at::randn({rows, k}, opts), b = at::randn({k, n}, opts);
+      const double t = time_median_s([&] { (void)at::mm(a, b); }, cuda);
+      const double e = 2.0 * double(rows) * double(k) * double(n) / t / peak;
+      const double dim = double(std::min({rows, k, n}));
+      points.emplace_back(dim, e);
+      gemms.push_back({{"what", what}, {"m", rows}, {"k", k}, {"n", n}, {"time_s", t}, {"efficiency", e}});
+      return t;
+    };
+    const int64_t rows = std::max<int64_t>(1, s.micro_batch.value_or(1)) * s.seq_len;
+    for (const auto& lin : ftplan::block_linears(m)) {
+      time_gemm(rows, lin.in_features, lin.out_features, lin.name + " forward");
+      time_gemm(rows, lin.out_features, lin.in_features, lin.name + " input gradient");
+      time_gemm(lin.out_features, rows, lin.in_features, lin.name + " weight gradient");
+      if (s.method != ftplan::Method::full &&
+          std::find(s.lora.targets.begin(), s.lora.targets.end(), lin.name) != s.lora.targets.end()) {
+        time_gemm(rows, lin.in_features, s.lora.rank, lin.name + " lora_A");
+        time_gemm(rows, s.lora.rank, lin.out_features, lin.name + " lora_B");
+      }
+    }
+    time_gemm(rows, m.hidden_size, m.vocab_size, "lm_head forward");
+    for (int64_t d : {64, 128, 256, 512, 1024, 2048}) {
+      const double t = time_gemm(d, d, d, "square " + std::to_string(d));
+      if (d == 2048 && t < 0.2) time_gemm(4096, 4096, 4096, "square 4096");
+    }
+    c.gemm_efficiency = ftplan::fit_gemm_anchors(points);
+    details["gemm"] = gemms;
+
+    // Attention core, forward + backward, as the model runs it.
+    {
+      at::AutoGradMode grad(true);
+      const int64_t B = std::max<int64_t>(1, s.micro_batch.value_or(1)), S = s.seq_len, H = m.num_heads, d = m.head_dim;
+      at::Tensor q = at::randn({B, H, S, d}, opts).requires_grad_(true);
+      at::Tensor k = at::randn({B, H, S, d}, opts).requires_grad_(true);
+      at::Tensor v = at::randn({B, H, S, d}, opts).requires_grad_(true);
+      const double scale = 1.0 / std::sqrt(double(d));
+      const bool fused = s.attention.value_or(ftplan::Attention::eager) == ftplan::Attention::fused && compat::kHasSdpa;
+      at::Tensor mask = at::ones({S, S}, at::TensorOptions().dtype(at::kBool)).triu(1).to(at::Device(job.device));
+      const double t = time_median_s(
+          [&] {
+            at::Tensor out;
+            if (fused) {
+              out = compat::sdpa_causal(q, k, v, scale);
+            } else {
+              at::Tensor scores = at::matmul(q, k.transpose(2, 3));
+              scores = scores.mul(scale).masked_fill(mask, -std::numeric_limits<double>::infinity());
+              out = at::matmul(at::softmax(scores, -1, at::kFloat).to(dtype), v);
+            }
+            torch::autograd::backward({out}, {at::ones_like(out)});
+            q.mutable_grad().reset(), k.mutable_grad().reset(), v.mutable_grad().reset();
+          },
+          cuda, 0.5);
+      // The planner's attention FLOPs: 4·S·q_dim per token forward, twice that backward.
+      const double flops = 3.0 * 4.0 * double(S) * double(m.q_dim()) * double(B * S);
+      c.attention_efficiency = std::clamp(flops / t / peak, 1e-4, 1.0);
+      details["attention"] = {{"batch", B}, {"heads", H}, {"seq_len", S}, {"head_dim", d}, {"fused", fused},
+                              {"time_s", t}, {"efficiency", *c.attention_efficiency}};
+    }
+
+    // ftexec's AdamW step.
+    {
+      const int64_t n = std::min<int64_t>(INT64_C(8) << 20, std::max<int64_t>(INT64_C(1) << 20, ftplan::count_params(m).total));
+      at::Tensor p = at::randn({n}, opts);
+      p.mutable_grad() = at::randn({n}, opts);
+      AdamW adam({p}, AdamWOptions{}, s.precision == ftplan::Precision::mixed);
+      const double t = time_median_s([&] { adam.step(); }, cuda, 0.5);
+      const double bw = 28.0 * double(n) / t;
+      c.optimizer_bandwidth_factor = std::clamp(bw / hw.hbm_bandwidth_bytes_per_s, 1e-3, 4.0);
+      details["optimizer"] = {{"params", n}, {"time_s", t}, {"bytes_per_s", bw}, {"factor", c.optimizer_bandwidth_factor}};
+    }
+    c.determined = {"gemm_efficiency.64", "gemm_efficiency.512", "gemm_efficiency.4096", "attention_efficiency",
+                    "optimizer_bandwidth_factor"};
+  }
+  comm.barrier();
+
+  // Collectives over every rank: t = latency · ring steps + wire bytes / bandwidth (collectives.h).
+  if (comm.world() > 1) {
+    const int n = comm.world();
+    std::vector<double> xs_steps, xs_wire, ys;
+    nlohmann::json rows = nlohmann::json::array();
+    for (int64_t bytes = 4096; bytes <= (INT64_C(16) << 20); bytes *= 4) {
+      at::Tensor t = at::ones({bytes / 4}, at::TensorOptions().dtype(at::kFloat).device(at::Device(job.device)));
+      comm.barrier();
+      const double sec = time_median_s([&] { comm.all_reduce_sum(t); }, cuda, 0.3);
+      const double secs = comm.all_reduce_scalar(sec, true);  // the slowest rank's
+      const double wire = ftplan::wire_bytes(ftplan::Collective::all_reduce, double(bytes), n);
+      xs_steps.push_back(2.0 * (n - 1));
+      xs_wire.push_back(wire);
+      ys.push_back(secs);
+      rows.push_back({{"bytes", bytes}, {"time_s", secs}, {"wire_bytes", wire}});
+    }
+    // Least squares of y = a·steps + b·wire (a = latency, b = 1 / bandwidth).
+    double s11 = 0, s12 = 0, s22 = 0, t1 = 0, t2 = 0;
+    for (size_t i = 0; i < ys.size(); ++i) {
+      s11 += xs_steps[i] * xs_steps[i], s12 += xs_steps[i] * xs_wire[i], s22 += xs_wire[i] * xs_wire[i];
+      t1 += xs_steps[i] * ys[i], t2 += xs_wire[i] * ys[i];
+    }
+    const double det = s11 * s22 - s12 * s12;
+    double latency = det != 0 ? (t1 * s22 - t2 * s12) / det : 0, inv_bw = det != 0 ? (s11 * t2 - s12 * t1) / det : 0;
+    if (!(inv_bw > 0)) inv_bw = ys.back() / xs_wire.back();
+    latency = std::clamp(latency, 1e-8, 0.1);
+    const double bw = 1.0 / inv_bw;
+    const ftplan::Interconnect net = ftplan::group_interconnect(hw, n, 1, n);
+    c.intra_node_bandwidth_factor = std::clamp(bw / net.intra_bandwidth_bytes_per_s, 1e-3, 4.0);
+    c.comm_latency_s = latency;
+    c.determined.push_back("link_bandwidth_factor.intra_node");
+    c.determined.push_back("comm_latency_s");
+    details["all_reduce"] = {{"ranks", n}, {"rows", rows}, {"bandwidth_bytes_per_s", bw},
+                             {"hwdb_bandwidth_bytes_per_s", net.intra_bandwidth_bytes_per_s}, {"latency_s", latency},
+                             {"backend", cuda ? "nccl" : "gloo"}};
+  } else {
+    details["all_reduce"] = "not measured: one process (give --nproc N for collectives)";
+  }
+  if (comm.rank() != 0) return nullptr;
+  details["device"] = job.device;
+  details["threads"] = at::get_num_threads();
+  details["torch_version"] = compat::torch_version();
+  details["model"] = job.setup.model;
+  details["peak_flops"] = peak;
+  c.details = details;
+  return ftplan::calibration_to_json(c);
+}
+
+}  // namespace ftexec

@@ -1,0 +1,30 @@
+// `ftexec calibrate`: the time model's efficiency parameters measured directly on the machine it
+// runs on, written in the format of `ftplan calibrate` (planner/calibration.h):
+//   GEMMs         the job's model shapes (every block linear forward, input-gradient and weight-
+//                 gradient GEMM, the head, LoRA's adapters) and square GEMMs of 64 ... 2048 (4096
+//                 where fast enough), each timed (median of repeats) in the job's compute dtype; the
+//                 three anchors fitted from (smallest dimension, achieved / peak) points
+//   attention     the model's attention core (eager: QK^T, scale, causal mask, fp32 softmax, P·V; fused:
+//                 scaled_dot_product_attention) forward + backward at [micro_batch, heads, seq_len, head_dim]
+//   optimizer     ftexec's AdamW step over up to 8M parameters: the planner's 28 B per parameter over
+//                 the time, against the hwdb's memory bandwidth
+//   collectives   with several ranks (--nproc N): all-reduce of 4 KiB .. 16 MiB over c10d (Gloo on
+//                 CPU, NCCL on GPU), latency and bandwidth fitted to the planner's ring formula
+//                 (planner/collectives.h), the bandwidth against the hwdb's for a group of N
+// Efficiencies are achieved / the hwdb entry's peak for the job's precision (hwdb/cpu.json on the CPU).
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include "executor/comm.h"
+#include "executor/exec_job.h"
+
+namespace ftexec {
+
+// Every rank calls this together (comm's world; a local Comm for one process). Rank 0 times the
+// compute alone while the others wait, then every rank times the collectives; rank 0 returns the
+// calibration JSON (calibration_to_json), the others null. `hw_id`: the hwdb entry whose peak and
+// bandwidths the efficiencies are relative to.
+nlohmann::json calibrate_device(const ExecJob& job, const std::string& hw_id, Comm& comm);
+
+}  // namespace ftexec
