@@ -263,7 +263,10 @@ StepEstimate estimate_step(const PlanContext& ctx, const Candidate& cand, const 
     // and the head's.
     const double count = (4.0 + (ckpt ? 2.0 : 0.0)) * L + 2.0;
     tp_comm = count * lc.tp_collective_s;
-    tp_bytes = count * lc.tp_collective_bytes;
+    // Bytes on the busiest rank: a pipeline stage exchanges for its own ceil(L/pp) blocks, and holds
+    // the embedding or the head, not both (the time above is the whole model's, shared by the stages).
+    const double stage_count = par.pp > 1 ? (4.0 + (ckpt ? 2.0 : 0.0)) * std::ceil(L / double(par.pp)) + 1.0 : count;
+    tp_bytes = stage_count * lc.tp_collective_bytes;
     if (par.tp > 1) {
       // The vocabulary-parallel cross-entropy all-reduces 3 fp32 values per token: the logits' maximum,
       // the sum of exponentials and the target's logit (Megatron-LM megatron/core/tensor_parallel/
