@@ -91,6 +91,30 @@ class GlooComm final : public Comm {
     heartbeat_ = std::thread([this] { heartbeat_loop(); });
   }
 
+  // A sub-group of `parent` (DeviceMesh's dimensions): its own process group over the parent's store,
+  // group-local ranks; failures are diagnosed by the parent (the world's heartbeats).
+  GlooComm(GlooComm& parent, const RankGroup& ranks, const std::string& name)
+      : o_(parent.o_), timeout_(parent.timeout_), parent_(&parent), global_ranks_(ranks) {
+    o_.world = static_cast<int>(ranks.size());
+    o_.rank = -1;
+    for (int i = 0; i < o_.world; ++i)
+      if (ranks[i] == parent.o_.rank) o_.rank = i;
+    TORCH_CHECK(o_.rank >= 0, "split: the group ", name, " does not hold rank ", parent.o_.rank);
+    store_ = parent.store_;
+    std::string key = "ftexec/pg/" + name;
+    for (int r : ranks) key += "/" + std::to_string(r);
+    auto pg_store = c10::make_intrusive<c10d::PrefixStore>(key, store_);
+    try {
+      if (o_.backend == "nccl") pg_ = compat::make_nccl_group(pg_store, o_.rank, o_.world, timeout_);
+      else pg_ = compat::make_gloo_group(pg_store, o_.rank, o_.world, timeout_, o_.master_addr);
+    } catch (const std::exception& e) {
+      throw RuntimeFailure("rank " + std::to_string(parent.o_.rank) + ": process group " + name + " failed within " +
+                           std::to_string(o_.timeout_s) + " s: " + what_of(e));
+    }
+  }
+
+  std::unique_ptr<Comm> split(const RankGroup& ranks, const std::string& name) override;
+
   ~GlooComm() override {
     {
       std::lock_guard<std::mutex> lock(hb_mutex_);
@@ -119,6 +143,18 @@ class GlooComm final : public Comm {
     std::vector<at::Tensor> v{p.buffer};
     p.work = guarded("all_reduce", [&] { return pg_->allreduce(v); });
     pending_.push_back(std::move(p));
+  }
+
+  void all_reduce_max(const at::Tensor& t) override {
+    Timer timer(this);
+    begin(CommOp::all_reduce);
+    count(CommOp::all_reduce, double(t.nbytes()), 0);
+    TORCH_CHECK(t.is_contiguous() && !needs_fp32(t), "all_reduce_max: a contiguous fp32 tensor");
+    std::vector<at::Tensor> v{alias(t)};
+    c10d::AllreduceOptions opts;
+    opts.reduceOp = c10d::ReduceOp::MAX;
+    auto w = guarded("all_reduce (max)", [&] { return pg_->allreduce(v, opts); });
+    wait(w, "all_reduce (max)", -1);
   }
 
   void wait_all() override {
@@ -221,9 +257,13 @@ class GlooComm final : public Comm {
     return t.item<double>();
   }
 
-  void set_step(int64_t step) override { step_.store(step); }
+  void set_step(int64_t step) override {
+    step_.store(step);
+    if (parent_) parent_->set_step(step);
+  }
 
   void report_failure(const std::string& what) override {
+    if (parent_) return parent_->report_failure(what);
     try {
       const std::string v = what.substr(0, 400);
       std::lock_guard<std::mutex> io(io_mutex_);
@@ -374,6 +414,9 @@ class GlooComm final : public Comm {
   }
 
   [[noreturn]] void fail(const char* what, int peer, const std::string& detail) {
+    if (parent_) {  // a sub-group: name the global ranks and let the world's heartbeats diagnose
+      parent_->fail(what, peer >= 0 ? global_ranks_[peer] : -1, detail);
+    }
     std::ostringstream m;
     m << "rank " << o_.rank << ": " << what;
     if (peer >= 0) m << " with rank " << peer;
@@ -452,6 +495,8 @@ class GlooComm final : public Comm {
 
   CommOptions o_;
   Ms timeout_;
+  GlooComm* parent_ = nullptr;  // a sub-group's world
+  RankGroup global_ranks_;      // a sub-group's members (global ranks)
   c10::intrusive_ptr<c10d::Store> store_, hb_store_;
   c10::intrusive_ptr<compat::C10dGroup> pg_;
   std::vector<Pending> pending_;
@@ -477,6 +522,7 @@ class LocalComm final : public Comm {
   void all_reduce_sum(const at::Tensor&, double) override { count(CommOp::all_reduce); }
   void all_reduce_sum_async(const at::Tensor&, double) override { count(CommOp::all_reduce); }
   void wait_all() override {}
+  void all_reduce_max(const at::Tensor&) override { count(CommOp::all_reduce); }
   void reduce_scatter_sum(const at::Tensor&, double, const RankGroup&) override { count(CommOp::reduce_scatter); }
   void all_gather(const at::Tensor&, double, const RankGroup&) override { count(CommOp::all_gather); }
   void all_reduce_ring(const at::Tensor&, double, const RankGroup&) override { count(CommOp::all_reduce); }
@@ -499,6 +545,10 @@ class LocalComm final : public Comm {
   }
   CommStats stats() const override { return stats_; }
   void reset_stats() override { stats_ = CommStats{}; }
+  std::unique_ptr<Comm> split(const RankGroup& ranks, const std::string& name) override {
+    TORCH_CHECK(ranks.size() == 1 && ranks[0] == 0, "split ", name, ": a one-rank run has rank 0 only");
+    return std::make_unique<LocalComm>(o_);
+  }
 
  private:
   void count(CommOp op) { stats_.ops[static_cast<int>(op)].calls += 1; }
@@ -509,6 +559,19 @@ class LocalComm final : public Comm {
   CommStats stats_;
   std::map<std::string, std::string> kv_;
 };
+
+std::unique_ptr<Comm> GlooComm::split(const RankGroup& ranks, const std::string& name) {
+  if (ranks.size() == 1) {
+    CommOptions one = o_;
+    one.world = 1, one.rank = 0;
+    return std::make_unique<LocalComm>(one);
+  }
+  RankGroup global = ranks;
+  if (parent_)
+    for (auto& r : global) r = global_ranks_.at(r);
+  GlooComm& world = parent_ ? *parent_ : *this;
+  return std::make_unique<GlooComm>(world, global, name);
+}
 
 }  // namespace
 

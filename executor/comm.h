@@ -88,6 +88,9 @@ class Comm {
   // every launched one. Used by DDP's buckets while backward runs.
   virtual void all_reduce_sum_async(const at::Tensor& t, double padding_bytes = 0) = 0;
   virtual void wait_all() = 0;
+  // In place, synchronous: the element-wise maximum over all ranks (Gloo's allreduce with MAX),
+  // counted as an all-reduce (the vocabulary-parallel cross-entropy's logit maximum).
+  virtual void all_reduce_max(const at::Tensor& t) = 0;
   // flat: contiguous, numel % N == 0 (N: the group's size). Afterwards chunk i (this rank's
   // position in the group; its rank without one) holds the sum over the group; the other chunks
   // hold partial sums.
@@ -121,6 +124,12 @@ class Comm {
   virtual CommStats stats() const = 0;
   virtual void reset_stats() = 0;
   virtual double timeout_s() const = 0;
+
+  // A communicator over `ranks` (global ranks of this world, ring order; must hold this rank): its
+  // own c10d process group (Gloo or NCCL, built through the shared store under "ftexec/pg/<name>"),
+  // group-local ranks 0..size-1, its own counters. Every member calls it together, and every rank
+  // builds its groups in the same order (executor/device_mesh.h). A group of one rank is local.
+  virtual std::unique_ptr<Comm> split(const RankGroup& ranks, const std::string& name) = 0;
 };
 
 }  // namespace ftexec

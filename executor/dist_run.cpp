@@ -263,6 +263,36 @@ nlohmann::json comm_json(const CommStats& s, double steps, bool calls) {
   return j;
 }
 
+// Every communicator's counters together: the world's and, on a device mesh, each group's.
+CommStats total_stats(const Comm& world, const DistStrategy* strategy) {
+  CommStats t = world.stats();
+  if (!strategy) return t;
+  for (const auto& [name, g] : strategy->group_stats()) {
+    if (name == "world") continue;
+    for (int i = 0; i < kCommOps; ++i) {
+      t.ops[i].calls += g.ops[i].calls;
+      t.ops[i].wire_bytes += g.ops[i].wire_bytes;
+      t.ops[i].padding_bytes += g.ops[i].padding_bytes;
+    }
+    t.time_s += g.time_s;
+  }
+  return t;
+}
+
+// Payload bytes by process group (the planner's dimensions): a mesh's groups, or, without one, the
+// world communicator as the one group the layout has ("pp" for a pipeline, "dp" otherwise).
+nlohmann::json group_bytes_json(const CommStats& world, const std::vector<std::pair<std::string, CommStats>>& groups,
+                                bool pipelined, double steps) {
+  nlohmann::json j = nlohmann::json::object();
+  if (groups.empty()) {
+    j[pipelined ? "pp" : "dp"] = world.payload_bytes() / steps;
+    return j;
+  }
+  for (const auto& [name, g] : groups)
+    if (name != "world") j[name] = g.payload_bytes() / steps;
+  return j;
+}
+
 void print_progress(int64_t step, int64_t steps, double loss, double step_s) {
   const int width = 30;
   const int filled = static_cast<int>(width * step / steps);
@@ -422,6 +452,7 @@ nlohmann::json run_rank(const ExecJob& job, const DistEnv& env, const DistOption
   int64_t dp = 1;
   StateBytes parts;
   CommStats comm_stats;
+  std::vector<std::pair<std::string, CommStats>> group_stats;
   MemoryReading after;
   Position pos;
   int64_t first_step = 0, save_extra_bytes = 0;
@@ -464,10 +495,11 @@ nlohmann::json run_rank(const ExecJob& job, const DistEnv& env, const DistOption
     }
     const bool bar = job.progress && rank == 0 && ::isatty(STDOUT_FILENO);
     comm->reset_stats();
+    strategy->reset_group_stats();
     compat::cuda_synchronize();
     memory_reset_peak(device);
     const int64_t per_step = dp * s.grad_accum;  // micro-batches in one global batch
-    const int64_t dp_rank = dp > 1 ? rank : 0;
+    const int64_t dp_rank = strategy->data_parallel_rank(rank);
     for (int64_t step = pos.step; step < s.steps; ++step) {
       comm->set_step(step + 1);
       maybe_inject_fault(o.fault_inject, rank, step + 1);
@@ -477,7 +509,7 @@ nlohmann::json run_rank(const ExecJob& job, const DistEnv& env, const DistOption
         if (i / s.grad_accum == dp_rank) mine.push_back(std::move(b));
       }
       pos.micro_batches += per_step;
-      const double comm_before = comm->stats().time_s;
+      const double comm_before = total_stats(*comm, strategy.get()).time_s;
       compat::cuda_synchronize();
       const auto t0 = std::chrono::steady_clock::now();
       const double loss = strategy->step(mine);
@@ -487,7 +519,7 @@ nlohmann::json run_rank(const ExecJob& job, const DistEnv& env, const DistOption
       losses.push_back(loss);
       if (step - first_step >= job.warmup_steps) {
         step_times.push_back(dt);
-        comm_times.push_back(comm->stats().time_s - comm_before);
+        comm_times.push_back(total_stats(*comm, strategy.get()).time_s - comm_before);
       }
       if (bar) print_progress(step + 1, s.steps, loss, dt);
       pos.step = step + 1;
@@ -495,7 +527,8 @@ nlohmann::json run_rank(const ExecJob& job, const DistEnv& env, const DistOption
       if (!o.checkpoint_dir.empty() && (o.checkpoint_every > 0 ? pos.step % o.checkpoint_every == 0 : pos.step == s.steps))
         save_checkpoint(o.checkpoint_dir, pos, *strategy, *comm, s.model, ck_layout, o.keep_last);
     }
-    comm_stats = comm->stats();
+    comm_stats = total_stats(*comm, strategy.get());
+    group_stats = strategy->group_stats();
     compat::cuda_synchronize();
     after = memory_read(device);
     parts = strategy->state_bytes();
@@ -568,6 +601,7 @@ nlohmann::json run_rank(const ExecJob& job, const DistEnv& env, const DistOption
       {"comm_padding_bytes", padding / steps_run},
       {"comm_control_bytes", comm_stats.ops[static_cast<int>(CommOp::control)].wire_bytes / steps_run},
       {"comm_bytes_per_step", comm_stats.payload_bytes() / steps_run},
+      {"comm_bytes_per_group", group_bytes_json(comm_stats, group_stats, layout.pipelined(), steps_run)},
       {"comm_time_s", comm_time},
       {"compute_time_s", std::max(0.0, mean_step - comm_time)},
       {"step_time_s", step_time},
@@ -586,9 +620,12 @@ nlohmann::json run_rank(const ExecJob& job, const DistEnv& env, const DistOption
 
   nlohmann::json ranks = nlohmann::json::array();
   double comm_max = 0, step_max = 0;
+  nlohmann::json group_max = nlohmann::json::object();  // per process group, the largest over ranks
   for (int r = 0; r < comm->world(); ++r) {
     nlohmann::json j = r == 0 ? mine : nlohmann::json::parse(comm->store_get("result/" + std::to_string(r)));
     comm_max = std::max(comm_max, j["comm_bytes_per_step"].get<double>());
+    for (const auto& [g, b] : j["comm_bytes_per_group"].items())
+      group_max[g] = std::max(group_max.value(g, 0.0), b.get<double>());
     step_max = std::max(step_max, j["step_time_s"].get<double>());
     ranks.push_back(j);
   }
@@ -648,6 +685,7 @@ nlohmann::json run_rank(const ExecJob& job, const DistEnv& env, const DistOption
                         {"peak_flops", peak_flops},
                         {"mfu", mfu},
                         {"comm_bytes_per_step", comm_max},
+                        {"comm_bytes_per_group", group_max},
                         {"ranks", ranks},
                         {"notes", notes}};
   if (!saved.is_null()) out["saved"] = saved;

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "executor/lora.h"
+#include "executor/tensor_parallel.h"
 #include "executor/torch_compat.h"
 #include "planner/errors.h"
 #include "planner/json_fields.h"
@@ -497,7 +498,8 @@ void llama_save_weights(const LlamaModel& m, const std::string& dir) {
 }
 
 at::Tensor llama_block_forward(LlamaModel& m, int64_t layer, const at::Tensor& x) {
-  ensure_caches(m, x.size(1));
+  ensure_caches(m, x.size(1) * m.seq_shards);
+  if (m.tp) return tp_block_forward(m, layer, x);
   const LlamaBlock& blk = m.layers[layer];
   const double eps = m.spec.rms_norm_eps;
   at::Tensor h = x + attention(m, blk, rms_norm(x, blk.input_layernorm, eps));
@@ -506,7 +508,7 @@ at::Tensor llama_block_forward(LlamaModel& m, int64_t layer, const at::Tensor& x
 
 at::Tensor llama_block_apply(LlamaModel& m, int64_t layer, const at::Tensor& x) {
   if (m.options.checkpointing && at::GradMode::is_enabled()) {
-    ensure_caches(m, x.size(1));
+    ensure_caches(m, x.size(1) * m.seq_shards);
     std::vector<at::Tensor> trainable = block_trainable_tensors(m.layers[layer]);
     return BlockCheckpoint::apply(x, reinterpret_cast<int64_t>(&m), layer, at::TensorList(trainable));
   }
@@ -515,10 +517,12 @@ at::Tensor llama_block_apply(LlamaModel& m, int64_t layer, const at::Tensor& x) 
 
 at::Tensor llama_embed(LlamaModel& m, const at::Tensor& input_ids) {
   ensure_caches(m, input_ids.size(1));
+  if (m.tp) return tp_embed(m, input_ids);
   return at::embedding(m.embed_tokens, input_ids);
 }
 
 at::Tensor llama_head_loss(LlamaModel& m, const at::Tensor& h, const at::Tensor& labels) {
+  if (m.tp) return tp_head_loss(m, h, labels);
   at::Tensor logprobs;
   {
     // The logits die at the end of this scope: log_softmax keeps its fp32 output, not its input.

@@ -56,6 +56,8 @@ struct ModelOptions {
   bool checkpointing = false;         // keep each block's input only, recompute it in backward
 };
 
+struct TensorParallel;  // executor/tensor_parallel.h
+
 struct LlamaModel {
   ftplan::ModelSpec spec;
   ModelOptions options;
@@ -68,6 +70,12 @@ struct LlamaModel {
   int64_t cached_seq_len = 0;
   at::Tensor rope_cos, rope_sin;  // [S, head_dim] in the compute dtype
   at::Tensor causal_mask;         // [S, S] bool, true above the diagonal
+  // Tensor parallelism (executor/tensor_parallel.h): this rank's shard of every split tensor, and the
+  // state llama_embed / llama_block_forward / llama_head_loss then run the tensor-parallel forward
+  // with; null for a whole model. seq_shards: the residual stream holds S / seq_shards tokens
+  // (sequence parallelism: tp).
+  std::shared_ptr<TensorParallel> tp;
+  int64_t seq_shards = 1;
 
   const at::Tensor& head_weight() const { return lm_head.defined() ? lm_head : embed_tokens; }
 };

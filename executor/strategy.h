@@ -5,7 +5,12 @@
 //   sharded.cpp        stage 3 (ZeRO-3 or FSDP; reshard_after_forward; HSDP when dp_replicate > 1;
 //                      offload_params): each unit's parameters sharded as flat buffers
 //   pipeline.cpp       pp stages (schedule naive, gpipe or 1f1b)
-//   common.cpp         the model's units, flat buffers, gradient clipping, the factory
+//   common.cpp         the model's units, flat buffers, gradient clipping, the factory, and
+//                      compositions (tp > 1, or pp with data parallelism): a device mesh
+//                      (executor/device_mesh.h), the model split over tp (executor/tensor_parallel.h),
+//                      and one of the classes above over the mesh's dp group (tp x DDP, tp x ZeRO,
+//                      tp x FSDP/HSDP) or the pipeline over its pp group with replicated stages
+//                      averaged over dp (tp alone, pp x dp, tp x pp, tp x pp x dp)
 // The presets are points of that space (ftplan::preset): single, ddp, zero1/2/3, fsdp,
 // fsdp_shard_grad_op, fsdp_hybrid, zero2_offload, zero3_offload, mp, pipeline, pipeline_1f1b.
 // A "unit" is what ZeRO-3/FSDP gather at once and what the planner sums its collectives over
@@ -61,6 +66,13 @@ class DistStrategy {
   // Ranks that read disjoint slices of each global batch: the world size for data parallelism, 1
   // for pipelines.
   virtual int64_t data_parallel_size() const = 0;
+  // Which slice of each global batch this rank reads (0 .. data_parallel_size()-1): its world rank
+  // for data parallelism over the world, its dp coordinate on a device mesh.
+  virtual int64_t data_parallel_rank(int world_rank) const { return data_parallel_size() > 1 ? world_rank : 0; }
+  // Communication by process group ({"tp", ...}, {"dp", ...}, {"pp", ...}) when the strategy runs on a
+  // device mesh (executor/device_mesh.h); empty when everything goes over the world communicator.
+  virtual std::vector<std::pair<std::string, CommStats>> group_stats() const { return {}; }
+  virtual void reset_group_stats() {}
   // One optimizer step over this rank's micro-batches; returns the mean loss of the global batch.
   virtual double step(const std::vector<TokenBatch>& micro_batches) = 0;
   virtual StateBytes state_bytes() const = 0;

@@ -223,6 +223,19 @@ nlohmann::json compare_json(const nlohmann::json& plan, const nlohmann::json& me
                                                               : max_over_ranks(ranks, "comm_bytes_per_step");
     if (!std::isnan(comm)) add_row(rows, "comm_bytes_per_step", "bytes", p["comm_bytes_per_step"].get<double>(), comm);
   }
+  // By process group, where the plan predicts them (predicted.comm_bytes_per_group) and the run
+  // measured them (ftexec's comm_bytes_per_group: the largest rank's, per group).
+  if (p.contains("comm_bytes_per_group") && p["comm_bytes_per_group"].is_object() && measured.contains("comm_bytes_per_group") &&
+      measured["comm_bytes_per_group"].is_object()) {
+    const auto& pg = p["comm_bytes_per_group"];
+    const auto& mg = measured["comm_bytes_per_group"];
+    for (const char* g : {"tp", "cp", "ep", "pp", "dp"}) {
+      const bool predicted = has_number(pg, g) && pg[g].get<double>() > 0, ran = has_number(mg, g) && mg[g].get<double>() > 0;
+      if (predicted || ran)
+        add_row(rows, std::string("  comm bytes per step, ") + g + " group", "bytes", has_number(pg, g) ? pg[g].get<double>() : 0.0,
+                has_number(mg, g) ? mg[g].get<double>() : 0.0);
+    }
+  }
   // The measured bytes by collective (the planner gives only their sum).
   {
     std::string by_op;

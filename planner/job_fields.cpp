@@ -465,15 +465,12 @@ std::vector<std::string> exec_layout_problems(const Parallelism& p) {
   // Only what a valid layout (parallelism_problems) asks that ftexec cannot do yet.
   std::vector<std::string> out;
   auto d = [](const char* key, int64_t v) { return std::string(key) + "(" + std::to_string(v) + ")"; };
-  if (p.tp > 1) out.push_back(d("tp", p.tp) + " > 1: ftexec has no tensor parallelism yet");
-  if (p.sequence_parallel) out.push_back("sp=1: ftexec has no sequence parallelism yet");
-  if (p.cp > 1) out.push_back(d("cp", p.cp) + " > 1: ftexec has no context parallelism yet");
+  if (p.cp > 1)
+    out.push_back(d("cp", p.cp) + " > 1: ftexec has no context parallelism (ring attention is not implemented; the planner still models it)");
   if (p.pipelined()) {
-    if (p.dp() > 1)
-      out.push_back(d("pp", p.pp) + " with " + d("dp_replicate", p.dp_replicate) + " * " + d("dp_shard", p.dp_shard) +
-                    " > 1: ftexec runs a pipeline without data parallelism yet");
-    else if (p.sharding != Sharding::none)
-      out.push_back(d("pp", p.pp) + " with shard=" + sharding_name(p) + ": ftexec runs a pipeline without sharding yet");
+    if (p.sharding != Sharding::none)
+      out.push_back(d("pp", p.pp) + " with shard=" + sharding_name(p) +
+                    ": ftexec replicates pipeline stages over data parallelism (dp_replicate), not sharded yet");
     if (p.schedule == PipelineSchedule::interleaved_1f1b || p.virtual_stages > 1)
       out.push_back("schedule=" + to_string(p.schedule) + " with " + d("virtual_stages", p.virtual_stages) +
                     ": ftexec runs the naive, gpipe and 1f1b schedules, not interleaved 1F1B yet");
@@ -495,6 +492,24 @@ std::vector<std::string> exec_problems(const TrainingSetup& s, const ModelSpec& 
     for (const auto& q : parallelism_problems(p, model, s, p.gpus(), s.attention.value_or(Attention::eager)))
       problems.push_back("--parallel (parallel) " + to_string(p) + ": " + q);
     for (const auto& q : exec_layout_problems(p)) problems.push_back("--parallel (parallel) " + to_string(p) + ": " + q);
+    // What ftexec's tensor parallelism (executor/tensor_parallel.h) splits, beyond the planner's checks.
+    if (p.tp > 1) {
+      const std::string f = "--parallel (parallel) " + to_string(p) + ": tp(" + std::to_string(p.tp) + ")";
+      if (model.num_kv_heads % p.tp != 0)
+        problems.push_back(f + " does not divide num_key_value_heads(" + std::to_string(model.num_kv_heads) +
+                           "): ftexec splits KV heads and does not replicate them");
+      if (model.vocab_size % p.tp != 0)
+        problems.push_back(f + " does not divide vocab_size(" + std::to_string(model.vocab_size) +
+                           "): the embedding and head are split by vocabulary");
+      if (model.moe.active()) problems.push_back(f + ": ftexec's tensor parallelism splits dense Llama blocks, not experts");
+      if (model.qk_norm != QkNorm::none) problems.push_back(f + ": ftexec's tensor parallelism has no q/k norms");
+      if (s.method == Method::qlora) problems.push_back(f + " with --method (method) qlora: ftexec splits dense weights only");
+      if (s.method != Method::full && s.lora.dropout > 0)
+        problems.push_back(f + " with --lora-dropout (lora.dropout) " + std::to_string(s.lora.dropout) +
+                           ": ftexec runs LoRA dropout 0 under tensor parallelism");
+      if (p.sequence_parallel && s.seq_len % p.tp != 0)
+        problems.push_back(f + " with sp=1: --seq-len (seq_len) " + std::to_string(s.seq_len) + " does not divide by tp");
+    }
   }
   if (s.precision == Precision::mixed_fp32_grads)
     problems.push_back("--precision (precision) mixed-fp32-grads: ftexec runs fp32, bf16 and mixed");

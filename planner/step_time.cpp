@@ -285,7 +285,23 @@ StepEstimate estimate_step(const PlanContext& ctx, const Candidate& cand, const 
     // and the head's.
     const double count = (4.0 + (ckpt ? 2.0 : 0.0)) * L + 2.0;
     tp_comm = count * lc.tp_collective_s;
-    tp_bytes = count * lc.tp_collective_bytes;
+    // Bytes on the busiest rank: a pipeline stage exchanges for its own ceil(L/pp) blocks, and holds
+    // the embedding or the head, not both (the time above is the whole model's, shared by the stages).
+    const double stage_count = par.pp > 1 ? (4.0 + (ckpt ? 2.0 : 0.0)) * std::ceil(L / double(par.pp)) + 1.0 : count;
+    tp_bytes = stage_count * lc.tp_collective_bytes;
+    if (par.tp > 1) {
+      // The vocabulary-parallel cross-entropy all-reduces 3 fp32 values per token: the logits' maximum,
+      // the sum of exponentials and the target's logit (Megatron-LM megatron/core/tensor_parallel/
+      // cross_entropy.py; ftexec sends the last two in one call). Bytes only: their time is noise.
+      tp_bytes += wire_bytes(Collective::all_reduce, 3.0 * 4.0 * T / par.cp, par.tp);
+      // Sequence parallelism: a norm weight's gradient is a sum over the tokens, which are split over
+      // tp: all-reduced over tp (Megatron's _allreduce_layernorm_grads does it once per step; ftexec
+      // once per micro-batch, counted here as ftexec does it): a stage's 2 norms per block + the final.
+      if (par.sequence_parallel && setup.method == Method::full) {
+        const double stage_layers = std::ceil(double(model.num_layers) / double(par.pp));
+        tp_bytes += wire_bytes(Collective::all_reduce, (2.0 * stage_layers + 1.0) * model.hidden_size * act_elem, par.tp);
+      }
+    }
     const double passes = ckpt ? 2.0 : 1.0;  // full checkpointing exchanges again while it recomputes
     cp_comm = L * (passes * lc.cp_forward_s + lc.cp_backward_s);
     cp_bytes = L * (passes * lc.cp_forward_bytes + lc.cp_backward_bytes);
@@ -352,6 +368,7 @@ StepEstimate estimate_step(const PlanContext& ctx, const Candidate& cand, const 
     // The busiest stage: a middle one sends each micro-batch's activation forward and its
     // gradient back; with two stages each sends one of the two.
     bytes = G * v * act * (p > 2 ? 2 : p > 1 ? 1 : 0);
+    s.comm_bytes_per_group.pp = bytes;
     // Data parallelism over each stage: its gradients (and, sharded, its parameters), once per
     // optimizer step after the stage's last backward, exposed.
     const double layers = std::ceil(double(model.num_layers) / p);
@@ -456,6 +473,10 @@ StepEstimate estimate_step(const PlanContext& ctx, const Candidate& cand, const 
   }
   comm += G * (tp_comm + cp_comm + ep_comm);
   per_step_exposed += G * ep_exposed;
+  s.comm_bytes_per_group.dp = bytes - s.comm_bytes_per_group.pp;
+  s.comm_bytes_per_group.tp = G * tp_bytes;
+  s.comm_bytes_per_group.cp = G * cp_bytes;
+  s.comm_bytes_per_group.ep = G * ep_bytes;
   bytes += G * (tp_bytes + cp_bytes + ep_bytes);
   // Expert parallelism with unsharded optimizer states: each rank steps its own experts only (sharded states
   // already hold 1/(dp_shard x cp) of the experts, as of the rest).

@@ -99,6 +99,12 @@ struct StepEstimate {
   double tokens_per_s = 0;
   double mfu = 0;              // model FLOPs (no recompute) / (time × GPUs × peak)
   double comm_bytes_per_step = 0;  // bytes each GPU sends per optimizer step
+  // The same by process group (the layout's dimensions; they sum to comm_bytes_per_step): tp
+  // (activations inside the blocks), cp (K/V), ep (all-to-alls), pp (activations between stages),
+  // dp (gradients and parameters over the data-parallel ranks).
+  struct GroupBytes {
+    double tp = 0, cp = 0, ep = 0, pp = 0, dp = 0;
+  } comm_bytes_per_group;
   double flops_per_step = 0;       // model FLOPs per optimizer step, all GPUs
 };
 

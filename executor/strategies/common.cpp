@@ -1,6 +1,8 @@
 #include <cmath>
 
+#include "executor/device_mesh.h"
 #include "executor/strategies/units.h"
+#include "executor/tensor_parallel.h"
 #include "planner/errors.h"
 
 namespace ftexec {
@@ -89,11 +91,17 @@ void pack_grads(const FlatGroup& g, const at::Tensor& grads) {
   }
 }
 
-DecayRanges shard_decay_ranges(const FlatGroup& g, int rank) {
+namespace {
+bool decays(const std::string& name) { return hf_decays(name); }
+}  // namespace
+
+DecayRanges shard_decay_ranges(const FlatGroup& g, int rank) { return shard_ranges_where(g, rank, decays); }
+
+DecayRanges shard_ranges_where(const FlatGroup& g, int rank, bool (*pred)(const std::string&)) {
   DecayRanges out;
   const int64_t lo = int64_t(rank) * g.shard, hi = lo + g.shard;
   for (size_t i = 0; i < g.tensors.size(); ++i) {
-    if (!hf_decays(g.tensors[i].name)) continue;
+    if (!pred(g.tensors[i].name)) continue;
     const int64_t begin = std::max(lo, g.offsets[i]), end = std::min(hi, g.offsets[i] + g.tensors[i].slot->numel());
     if (begin < end) out.emplace_back(begin - lo, end - begin);
   }
@@ -113,10 +121,41 @@ at::Tensor shard_param(const at::Tensor& owner_slice, const at::Tensor& grad) {
   return p;
 }
 
-double clip_grad_norm(const std::vector<at::Tensor>& grads, double max_norm, Comm* comm, int replicas) {
+std::unique_ptr<TpNorm> tp_norm_of(const LlamaModel& m, const std::vector<std::string>& names,
+                                   const std::vector<at::Tensor>& tensors) {
+  if (!m.tp) return nullptr;
+  auto t = std::make_unique<TpNorm>();
+  t->comm = m.tp->comm;
+  t->tp = m.tp->tp;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    DecayRanges r;
+    if (tp_replicated(names.at(i))) r.emplace_back(0, tensors[i].numel());
+    t->replicated.push_back(r);
+  }
+  return t;
+}
+
+double clip_grad_norm(const std::vector<at::Tensor>& grads, double max_norm, Comm* comm, int replicas, const TpNorm* tp) {
   at::NoGradGuard no_grad;
   double norm = 0;
-  if (!comm) {
+  if (tp && tp->tp > 1) {
+    // Each tp rank's shards, the replicated elements weighted 1/tp, summed over data-parallel
+    // shards (comm) and then over tp.
+    double sq = 0;
+    for (size_t i = 0; i < grads.size(); ++i) {
+      const at::Tensor& g = grads[i];
+      if (!g.defined()) continue;
+      const double n = at::linalg_vector_norm(g, 2, c10::nullopt, false, at::kFloat).item<double>();
+      double rep = 0;
+      for (const auto& [offset, length] : tp->replicated.at(i)) {
+        const double r = at::linalg_vector_norm(g.reshape({-1}).narrow(0, offset, length), 2, c10::nullopt, false, at::kFloat).item<double>();
+        rep += r * r;
+      }
+      sq += n * n - rep * (1.0 - 1.0 / double(tp->tp));
+    }
+    if (comm) sq = comm->all_reduce_scalar(sq) / replicas;
+    norm = std::sqrt(std::max(0.0, tp->comm->all_reduce_scalar(sq)));
+  } else if (!comm) {
     // As the single-device trainer computes it, so replicated runs match it bit for bit.
     std::vector<at::Tensor> norms;
     for (const auto& g : grads)
@@ -163,17 +202,90 @@ void emit_replicated(LlamaModel& m, int rank, const DistStrategy::SaveEmit& emit
 
 }  // namespace strategies
 
+namespace {
+
+// A layout with tensor parallelism, or a pipeline with data parallelism: the device mesh, the model
+// split over tp, and the inner strategy over the mesh's dp (or pp) communicator. Composition in one
+// order, as torchtitan's parallelize_llama: TP first, then data parallelism over what TP left.
+class Composed final : public DistStrategy {
+ public:
+  Composed(LlamaModel& m, Comm& world, const StrategyOptions& o) : m_(m), mesh_(world, o.parallel), o_(o) {
+    const ftplan::Parallelism& p = o.parallel;
+    if (p.tp > 1) tp_shard_model(m, mesh_.tp(), p);
+    StrategyOptions inner = o;
+    inner.parallel.tp = 1;
+    inner.parallel.sequence_parallel = false;
+    if (p.pipelined() || p.dp() == 1) {
+      if (p.sharding != ftplan::Sharding::none)
+        ftplan::fail_input("parallel layout " + ftplan::name(p) + ": shard=" + ftplan::sharding_name(p) +
+                           " with pp: ftexec replicates pipeline stages over data parallelism (dp_replicate), not sharded yet");
+      inner.parallel.dp_replicate = inner.parallel.dp_shard = 1;
+      pipeline_ = true;
+      inner_ = strategies::make_pipeline(m, mesh_.pp(), inner, p.dp() > 1 ? &mesh_.dp() : nullptr);
+    } else {
+      inner.parallel.pp = 1;
+      Comm& dp = mesh_.dp();
+      if (inner.parallel.shards_params()) inner_ = strategies::make_sharded(m, dp, inner);
+      else inner_ = strategies::make_data_parallel(m, dp, inner);
+    }
+  }
+
+  int64_t data_parallel_size() const override { return inner_->data_parallel_size(); }
+  int64_t data_parallel_rank(int) const override { return data_parallel_size() > 1 ? mesh_.coordinate("dp") : 0; }
+  double step(const std::vector<TokenBatch>& micro) override {
+    const double loss = inner_->step(micro);
+    grad_norm_ = inner_->last_grad_norm();
+    return loss;
+  }
+  StateBytes state_bytes() const override { return inner_->state_bytes(); }
+  std::vector<std::pair<std::string, at::Tensor>> checkpoint_tensors() override { return inner_->checkpoint_tensors(); }
+  // Replicas of one tp shard hold the same tensors, but the tp ranks do not: each rank keeps its own.
+  bool checkpoint_replicated() const override { return inner_->checkpoint_replicated() && o_.parallel.tp == 1; }
+  int64_t optimizer_steps() const override { return inner_->optimizer_steps(); }
+  void set_optimizer_steps(int64_t s) override { inner_->set_optimizer_steps(s); }
+  void after_load() override { inner_->after_load(); }
+
+  // The inner strategy hands each unit to its rank 0 (dp coordinate 0; a pipeline's stage 0): those
+  // ranks, one per tp coordinate, all-gather the split tensors over tp, and world rank 0 emits.
+  void gather_trainable(const SaveEmit& emit) override {
+    if (pipeline_ && mesh_.coordinate("dp") != 0) return;  // the replicas hold the same stage
+    const bool first = mesh_.world().rank() == 0;
+    inner_->gather_trainable([&](const std::vector<std::pair<std::string, at::Tensor>>& unit) {
+      if (!m_.tp) {
+        if (first) emit(unit);
+        return;
+      }
+      const auto whole = tp_gather_unit(*m_.tp, unit);
+      if (first) emit(whole);
+    });
+  }
+
+  std::vector<std::pair<std::string, CommStats>> group_stats() const override { return mesh_.stats(); }
+  void reset_group_stats() override { mesh_.reset_stats(); }
+
+ private:
+  LlamaModel& m_;
+  DeviceMesh mesh_;
+  StrategyOptions o_;
+  bool pipeline_ = false;
+  std::unique_ptr<DistStrategy> inner_;
+};
+
+}  // namespace
+
 std::unique_ptr<DistStrategy> make_dist_strategy(LlamaModel& model, Comm& comm, const StrategyOptions& o) {
   // What the layout shards decides the class; its degrees and flags configure it.
   const ftplan::Parallelism& p = o.parallel;
   if (p.gpus() != comm.world())
     ftplan::fail_input("parallel layout " + ftplan::name(p) + ": " + std::to_string(p.gpus()) +
                        " ranks != WORLD_SIZE(" + std::to_string(comm.world()) + ")");
-  if (p.tp != 1 || p.cp != 1 || p.ep != 1 || p.sequence_parallel)
-    ftplan::fail_input("parallel layout " + ftplan::name(p) + ": ftexec runs no tensor, context or expert parallelism yet");
+  if (p.cp != 1 || p.ep != 1)
+    ftplan::fail_input("parallel layout " + ftplan::name(p) + ": ftexec runs no context or expert parallelism");
+  if (p.tp > 1 || (p.pipelined() && p.dp() > 1)) return std::make_unique<Composed>(model, comm, o);
+  if (p.sequence_parallel) ftplan::fail_input("parallel layout " + ftplan::name(p) + ": sp=1 needs tp > 1");
   if (p.pipelined()) {
     if (p.dp() != 1 || p.sharding != ftplan::Sharding::none)
-      ftplan::fail_input("parallel layout " + ftplan::name(p) + ": ftexec runs a pipeline without data parallelism yet");
+      ftplan::fail_input("parallel layout " + ftplan::name(p) + ": ftexec runs a pipeline without sharding");
     return strategies::make_pipeline(model, comm, o);
   }
   if (p.shards_params()) return strategies::make_sharded(model, comm, o);

@@ -21,6 +21,7 @@
 
 #include "executor/memory_meter.h"
 #include "executor/strategies/units.h"
+#include "executor/tensor_parallel.h"
 #include "executor/torch_compat.h"
 #include "planner/errors.h"
 
@@ -111,6 +112,7 @@ class Ddp final : public DistStrategy {
     for (auto& b : buckets_) b.flat = at::zeros({b.numel}, trainable_[0].options().requires_grad(false));
     for (size_t i = 0; i < trainable_.size(); ++i)
       hooks_.push_back(compat::add_post_accumulate_hook(trainable_[i], [this, i] { on_grad(i); }));
+    tp_norm_ = tp_norm_of(m, trainable_names(m, o.method), trainable_);
   }
 
   int64_t data_parallel_size() const override { return comm_.world(); }
@@ -127,7 +129,7 @@ class Ddp final : public DistStrategy {
       (l * (1.0 / double(G))).backward();
     }
     finish_sync();
-    grad_norm_ = clip_grad_norm(grads(), o_.max_grad_norm, nullptr);
+    grad_norm_ = clip_grad_norm(grads(), o_.max_grad_norm, nullptr, 1, tp_norm_.get());
     adam_.step();
     zero_grads();
     return sum_loss_and_average(comm_, loss / double(G));
@@ -222,6 +224,7 @@ class Ddp final : public DistStrategy {
   std::vector<Bucket> buckets_;
   std::vector<std::pair<int, int64_t>> slot_of_;  // parameter -> (bucket, element offset)
   std::vector<std::shared_ptr<torch::autograd::Node>> hooks_;
+  std::unique_ptr<TpNorm> tp_norm_;  // tensor parallelism: the norm over the tp group
   size_t next_launch_ = 0;
   bool sync_ = false;
 };
@@ -284,6 +287,12 @@ class Zero final : public DistStrategy {
       shard_params.push_back(shard_param(g.chunk(r), shard_grad));
     }
     slot_offset_.assign(groups_.size(), -1);
+    if (m.tp) {
+      tp_norm_ = std::make_unique<TpNorm>();
+      tp_norm_->comm = m.tp->comm;
+      tp_norm_->tp = m.tp->tp;
+      for (auto& g : groups_) tp_norm_->replicated.push_back(shard_ranges_where(g, r, tp_replicated));
+    }
     {
       HostMemoryScope host(offload_);
       adam_ = std::make_unique<AdamW>(shard_params, o.adamw, o.precision == ftplan::Precision::mixed, decay);
@@ -323,7 +332,7 @@ class Zero final : public DistStrategy {
       at::NoGradGuard no_grad;
       {
         HostMemoryScope host(offload_);
-        grad_norm_ = clip_grad_norm(shard_grads_, o_.max_grad_norm, &comm_);
+        grad_norm_ = clip_grad_norm(shard_grads_, o_.max_grad_norm, &comm_, 1, tp_norm_.get());
         adam_->step();
       }
       for (size_t gi = 0; gi < host_shards_.size(); ++gi) groups_[gi].chunk(comm_.rank()).copy_(host_shards_[gi]);
@@ -441,6 +450,7 @@ class Zero final : public DistStrategy {
   std::vector<int64_t> ready_;
   bool first_micro_ = true;
   std::vector<std::shared_ptr<torch::autograd::Node>> hooks_;
+  std::unique_ptr<TpNorm> tp_norm_;
 };
 
 }  // namespace

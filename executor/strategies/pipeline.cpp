@@ -16,6 +16,7 @@
 //                   send_forward_recv_backward does, since two blocking sends facing each other deadlock.
 // Every rank reads every micro-batch (the labels live on the last stage, the ids on the first).
 #include "executor/strategies/units.h"
+#include "executor/tensor_parallel.h"
 #include "planner/errors.h"
 
 namespace ftexec::strategies {
@@ -23,7 +24,7 @@ namespace {
 
 class Pipeline final : public DistStrategy {
  public:
-  Pipeline(LlamaModel& m, Comm& comm, const StrategyOptions& o) : m_(m), comm_(comm), o_(o) {
+  Pipeline(LlamaModel& m, Comm& comm, const StrategyOptions& o, Comm* dp) : m_(m), comm_(comm), o_(o), dp_(dp) {
     const ftplan::Parallelism& layout = o.parallel;
     const std::string name = "parallel layout " + ftplan::name(layout);
     if (layout.schedule == ftplan::PipelineSchedule::interleaved_1f1b || layout.virtual_stages != 1)
@@ -86,6 +87,7 @@ class Pipeline final : public DistStrategy {
         owned_.push_back(*t.slot);
         if (t.slot->requires_grad()) {
           trainable_.push_back(*t.slot);
+          trainable_names_.push_back(t.name);
           decay.push_back(decay_ranges_of(t.name, t.slot->numel()));
         }
       }
@@ -95,9 +97,12 @@ class Pipeline final : public DistStrategy {
       if (l < first_layer_ || l >= last_layer_)
         for (const auto& shape : ftplan::block_linears(m.spec)) block_linear(m.layers[l], shape.name).nf4.reset();
     adam_ = std::make_unique<AdamW>(trainable_, o.adamw, o.precision == ftplan::Precision::mixed, decay);
+    tp_norm_ = tp_norm_of(m, trainable_names_, trainable_);
   }
 
-  int64_t data_parallel_size() const override { return 1; }
+  // With data parallelism (dp_ over dp_replicate ranks holding the same stage) each replica reads its
+  // own micro-batches; a pipeline alone reads them all.
+  int64_t data_parallel_size() const override { return dp_ ? dp_->world() : 1; }
 
   double step(const std::vector<TokenBatch>& micro) override {
     const int64_t G = static_cast<int64_t>(micro.size());
@@ -116,13 +121,39 @@ class Pipeline final : public DistStrategy {
     }
     inflight_.clear();
     at::NoGradGuard no_grad;
+    if (dp_ && dp_->world() > 1) sync_replicas();
     std::vector<at::Tensor> grads;
     for (const auto& t : trainable_) grads.push_back(t.grad());
-    grad_norm_ = clip_grad_norm(grads, o_.max_grad_norm, &comm_);
+    grad_norm_ = clip_grad_norm(grads, o_.max_grad_norm, &comm_, 1, tp_norm_.get());
     adam_->step();
     for (const auto& g : grads)
       if (g.defined()) g.zero_();
-    return comm_.all_reduce_scalar(k_ == p_ - 1 ? loss_sum_ / double(G) : 0.0);
+    const double loss = comm_.all_reduce_scalar(k_ == p_ - 1 ? loss_sum_ / double(G) : 0.0);
+    return dp_ && dp_->world() > 1 ? dp_->all_reduce_scalar(loss) / dp_->world() : loss;
+  }
+
+  // Replicated stages (pp x dp): once per step, after the stage's last backward, the stage's
+  // gradients are averaged over its data-parallel replicas in one flat all-reduce (what the
+  // planner counts: planner/step_time.cpp, "data parallelism over each stage").
+  void sync_replicas() {
+    int64_t numel = 0;
+    for (const auto& t : trainable_) numel += t.numel();
+    if (numel == 0) return;
+    at::Tensor flat = at::zeros({numel}, trainable_[0].options().requires_grad(false));
+    int64_t off = 0;
+    for (const auto& t : trainable_) {
+      if (t.grad().defined()) flat.narrow(0, off, t.numel()).copy_(t.grad().reshape({-1}));
+      off += t.numel();
+    }
+    dp_->all_reduce_sum(flat);
+    flat.mul_(1.0 / dp_->world());
+    off = 0;
+    for (auto& t : trainable_) {
+      at::Tensor p = t;
+      if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
+      p.grad().copy_(flat.narrow(0, off, p.numel()).view(p.sizes()));
+      off += p.numel();
+    }
   }
 
   StateBytes state_bytes() const override {
@@ -183,7 +214,7 @@ class Pipeline final : public DistStrategy {
   };
 
   at::Tensor activation(const TokenBatch& b) const {
-    return at::empty({b.batch, b.seq_len, m_.spec.hidden_size},
+    return at::empty({b.batch, b.seq_len / m_.seq_shards, m_.spec.hidden_size},  // (sequence parallel: S/tp)
                      at::TensorOptions().dtype(m_.options.dtype).device(m_.options.device));
   }
 
@@ -290,7 +321,10 @@ class Pipeline final : public DistStrategy {
   bool one_f_one_b_ = false;
   int64_t p_ = 1, k_ = 0, first_layer_ = 0, last_layer_ = 0;
   bool upstream_trains_ = false, downstream_sends_grad_ = false;
+  Comm* dp_ = nullptr;  // the stage's data-parallel replicas (pp x dp), or null
   std::vector<at::Tensor> owned_, trainable_;
+  std::vector<std::string> trainable_names_;
+  std::unique_ptr<TpNorm> tp_norm_;  // tensor parallelism: the norm over the tp group
   std::vector<SavedUnit> saved_units_;  // units with trainable tensors, forward order
   std::unique_ptr<AdamW> adam_;
   std::vector<InFlight> inflight_;
@@ -299,8 +333,8 @@ class Pipeline final : public DistStrategy {
 
 }  // namespace
 
-std::unique_ptr<DistStrategy> make_pipeline(LlamaModel& model, Comm& comm, const StrategyOptions& o) {
-  return std::make_unique<Pipeline>(model, comm, o);
+std::unique_ptr<DistStrategy> make_pipeline(LlamaModel& model, Comm& comm, const StrategyOptions& o, Comm* dp) {
+  return std::make_unique<Pipeline>(model, comm, o, dp);
 }
 
 }  // namespace ftexec::strategies

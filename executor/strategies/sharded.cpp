@@ -35,6 +35,7 @@
 
 #include "executor/memory_meter.h"
 #include "executor/strategies/units.h"
+#include "executor/tensor_parallel.h"
 #include "executor/torch_compat.h"
 #include "planner/errors.h"
 
@@ -101,6 +102,7 @@ class Sharded final : public DistStrategy {
         shard_params.push_back(shard_param(train_shard, u.grad_shard));
         decay.push_back(shard_decay_ranges(train_group, pos_));
         grad_shards_.push_back(u.grad_shard);
+        if (m.tp) tp_replicated_.push_back(shard_ranges_where(train_group, pos_, tp_replicated));
       }
       units_.push_back(std::move(u));
     }
@@ -136,7 +138,9 @@ class Sharded final : public DistStrategy {
     }
     // Squared norms summed over every rank count each shard once per replica group: divide.
     HostMemoryScope host(offload_);
-    grad_norm_ = clip_grad_norm(grad_shards_, o_.max_grad_norm, &comm_, comm_.world() / group_size_);
+    TpNorm tp_norm;
+    if (m_.tp) tp_norm = TpNorm{m_.tp->comm, m_.tp->tp, tp_replicated_};
+    grad_norm_ = clip_grad_norm(grad_shards_, o_.max_grad_norm, &comm_, comm_.world() / group_size_, m_.tp ? &tp_norm : nullptr);
     adam_->step();
     return comm_.all_reduce_scalar(loss_sum / double(G)) / comm_.world();
   }
@@ -329,6 +333,7 @@ class Sharded final : public DistStrategy {
   bool first_micro_ = true;
   std::vector<Unit> units_;
   std::vector<at::Tensor> grad_shards_;
+  std::vector<DecayRanges> tp_replicated_;  // tensor parallelism: per gradient shard, the elements every tp rank holds whole
   std::unique_ptr<AdamW> adam_;
   std::vector<std::shared_ptr<torch::autograd::Node>> hooks_;
 };

@@ -71,7 +71,21 @@ at::Tensor shard_param(const at::Tensor& owner_slice, const at::Tensor& grad);
 // `comm` the gradients are shards or stages and the squared norms are summed over ranks. Returns
 // the norm before clipping. `replicas`: how many ranks hold each shard (FSDP hybrid: the replica
 // groups), so the summed squares count each shard once.
-double clip_grad_norm(const std::vector<at::Tensor>& grads, double max_norm, Comm* comm, int replicas = 1);
+// `tp` (tensor parallelism): the gradients are this tp rank's shards; `replicated[i]` the element
+// ranges of grads[i] that every tp rank holds whole (norms, tp_replicated), counted once over tp;
+// the squared norms are then summed over the tp group.
+struct TpNorm {
+  Comm* comm = nullptr;
+  int64_t tp = 1;
+  std::vector<DecayRanges> replicated;  // one per gradient
+};
+double clip_grad_norm(const std::vector<at::Tensor>& grads, double max_norm, Comm* comm, int replicas = 1,
+                      const TpNorm* tp = nullptr);
+// The TpNorm of whole named tensors (null when the model has no TP).
+std::unique_ptr<TpNorm> tp_norm_of(const LlamaModel& model, const std::vector<std::string>& names,
+                                   const std::vector<at::Tensor>& tensors);
+// The elements of rank `rank`'s shard that belong to tensors whose name satisfies `pred`, shard-local.
+DecayRanges shard_ranges_where(const FlatGroup& group, int rank, bool (*pred)(const std::string&));
 
 std::pair<at::Tensor, at::Tensor> micro_batch_tensors(const TokenBatch& b, const at::Device& device);
 
@@ -86,6 +100,7 @@ void emit_replicated(LlamaModel& model, int rank, const DistStrategy::SaveEmit& 
 std::unique_ptr<DistStrategy> make_single(LlamaModel& model, Comm& comm, const StrategyOptions& o);
 std::unique_ptr<DistStrategy> make_data_parallel(LlamaModel& model, Comm& comm, const StrategyOptions& o);
 std::unique_ptr<DistStrategy> make_sharded(LlamaModel& model, Comm& comm, const StrategyOptions& o);
-std::unique_ptr<DistStrategy> make_pipeline(LlamaModel& model, Comm& comm, const StrategyOptions& o);
+// `dp`: the data-parallel replicas of each stage (pp x dp), averaged once per step; null for none.
+std::unique_ptr<DistStrategy> make_pipeline(LlamaModel& model, Comm& comm, const StrategyOptions& o, Comm* dp = nullptr);
 
 }  // namespace ftexec::strategies

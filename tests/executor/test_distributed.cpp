@@ -273,13 +273,108 @@ TEST_CASE("a layout no preset names runs from its degrees: HSDP with SHARD_GRAD_
   CHECK(sgo["ranks"][0]["peak_memory_bytes"].get<double>() > hybrid["ranks"][0]["peak_memory_bytes"].get<double>());
 }
 
+TEST_CASE("tensor, pipeline and data parallelism composed reproduce the single process", "[dist][tp]") {
+  // The device mesh (tp innermost) with the Llama block split Megatron-style: every composition's
+  // losses equal the single process's (relative 1e-5), its --save reloads to the single process's
+  // tensors, and each process group's bytes equal the planner's prediction for that group.
+  // ranks, grad_accum per data-parallel rank, --parallel, extra flags
+  auto [nproc, accum, parallel, extra] = GENERATE(table<int, int, std::string, std::string>({
+      {2, 2, "tp=2", ""},
+      {2, 1, "tp=2,sp=1", ""},
+      {4, 1, "tp=2,dp_replicate=2", ""},
+      {4, 1, "tp=2,dp_shard=2,shard=fsdp", ""},
+      {4, 2, "pp=2,dp_replicate=2,schedule=1f1b", ""},
+      {4, 2, "tp=2,pp=2,sp=1,schedule=1f1b", ""},
+      {8, 2, "tp=2,pp=2,dp_replicate=2,schedule=1f1b", ""},
+      {4, 1, "tp=2,sp=1,dp_replicate=2", "--method lora --lora-rank 4 --lora-targets all-linear"},
+  }));
+  CAPTURE(nproc, accum, parallel, extra);
+  const auto layout = ftplan::parse_parallelism(parallel, "test");
+  const int ref_accum = accum * int(layout.dp());
+  const std::string lr = " --lr 3e-3";
+  const std::string ref_args = tiny_job(32, 2, ref_accum, 4) + lr + " " + extra;
+  const std::string dist_args = tiny_job(32, 2, accum, 4) + lr + " " + extra + " --parallel " + parallel + " --nproc " +
+                                std::to_string(nproc);
+  const auto ref = measured(ref_args, true);
+  const auto dist = measured(dist_args, true);
+  CHECK(dist["ranks"].size() == size_t(nproc));
+  CHECK(dist["tokens_per_step"] == ref["tokens_per_step"]);
+  const auto a = losses(dist), b = losses(ref);
+  CAPTURE(a, b);
+  CHECK(b.back() < b.front());
+  const double loss_diff = max_rel_diff(a, b);
+  CHECK(loss_diff < 1e-5);
+
+  // --save: the whole tensors, gathered over tp (and from the stages), equal the single process's.
+  const bool adapter = !extra.empty();
+  const std::string weights = adapter ? "/adapter_model.safetensors" : "/model.safetensors";
+  const auto diff = saved_difference(saved_dir(dist_args) + weights, saved_dir(ref_args) + weights);
+  CHECK(dist["saved"]["tensors"] == ref["saved"]["tensors"]);
+  // Looser than the data-parallel strategies' 1e-6: split matmuls and the tp reductions round
+  // differently, and AdamW turns a rounding-level gradient (|g| near eps) into an update of a few
+  // percent of lr. Measured after 4 steps at lr 3e-3: worst ||a-b||/||b|| 2.0e-5 (full), 9.7e-5
+  // (LoRA, lora_B from zeros); the losses agree to 1e-7.
+  CHECK(diff.norm <= (layout.tp > 1 ? 2e-4 : 1e-6));
+  CHECK(diff.max <= (layout.tp > 1 ? 2e-3 : 5e-5));
+  if (!adapter) {
+    ftexec::LlamaModel fresh = ftexec::llama_create(ftexec_test::tiny_spec(), ftexec::ModelOptions{}, 7);
+    CHECK_NOTHROW(ftexec::llama_load_weights(fresh, saved_dir(dist_args)));
+  }
+
+  // Bytes by process group against the planner's, and peak memory per rank against its estimate.
+  const auto model = ftexec_test::tiny_spec();
+  const auto hw = ftplan::load_hardware("cpu");
+  auto setup = tiny_setup(32, 2, accum, nproc);
+  if (adapter) {
+    setup.method = ftplan::Method::lora;
+    setup.lora.rank = 4;
+    setup.lora.targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  }
+  const auto cand = ftplan::layout_candidate(layout, 2, ftplan::Checkpointing::none, ftplan::Attention::eager);
+  const auto ctx = ftplan::prepare_plan(model, hw, setup, nproc, ftplan::shard_shape(layout));
+  const auto step = ftplan::estimate_step(ctx, cand);
+  const auto est = ftplan::estimate_memory(model, hw, setup, cand);
+  const std::map<std::string, double> planned = {{"tp", step.comm_bytes_per_group.tp},
+                                                 {"pp", step.comm_bytes_per_group.pp},
+                                                 {"dp", step.comm_bytes_per_group.dp}};
+  std::cout << "[dist][tp] " << parallel << (adapter ? " lora" : "") << " x" << nproc << ": loss max rel diff " << loss_diff
+            << ", saved ||a-b||/||b|| " << diff.norm;
+  for (const auto& [g, bytes] : planned) {
+    const double got = dist["comm_bytes_per_group"].value(g, 0.0);
+    std::cout << ", " << g << " bytes measured " << got << " planned " << bytes;
+    CAPTURE(g, got, bytes);
+    // Full fine-tuning: equal. LoRA under TP moves what the planner does not model per adapter (lora_A's
+    // gradient all-reduces, the row-parallel adapters' r-wide reductions) and skips the frozen
+    // embedding's backward exchange: printed, not asserted.
+    if (!adapter) CHECK_THAT(got, Catch::Matchers::WithinRel(bytes, 1e-9) || Catch::Matchers::WithinAbs(bytes, 0.5));
+  }
+  // The planner predicts the most loaded rank (every rank alike without a pipeline; the busiest stage
+  // with one).
+  double peak = 0;
+  for (const auto& rank : dist["ranks"]) {
+    CAPTURE(rank["rank"], rank["peak_memory_bytes"], est.per_gpu.total, rank["components"].dump());
+    if (layout.pp == 1) CHECK_THAT(rank["peak_memory_bytes"].get<double>(), Catch::Matchers::WithinRel(double(est.per_gpu.total), 0.10));
+    peak = std::max(peak, rank["peak_memory_bytes"].get<double>());
+  }
+  // Known gap: tp x pp with sequence parallelism holds 12% more than the planner predicts (the
+  // gathered full-sequence copies of the in-flight micro-batches); reported, not asserted.
+  if (!(layout.pp > 1 && layout.sequence_parallel)) CHECK_THAT(peak, Catch::Matchers::WithinRel(double(est.per_gpu.total), 0.10));
+  const double worst_mem = (peak - est.per_gpu.total) / est.per_gpu.total;
+  std::cout << ", peak memory (most loaded rank) " << peak << " B vs plan " << est.per_gpu.total << " B ("
+            << 100 * worst_mem << " %)\n";
+}
+
 TEST_CASE("bad layouts and a --save that cannot be written are refused before training (one line, exit 2)", "[dist][layout][save]") {
   ScratchDir dir("bad_layouts");
   { std::ofstream(dir / "a-file") << "x"; }
   const std::string job = tiny_job(32, 2, 1, 2) + " --timeout-s 20";
   const auto [args, expected] = GENERATE_REF(table<std::string, std::string>({
-      {"--parallel tp=2 --nproc 2", "--parallel (parallel) tp=2: tp(2) > 1: ftexec has no tensor parallelism yet"},
-      {"--parallel pp=2,dp_shard=2 --nproc 4", "ftexec runs a pipeline without data parallelism yet"},
+      {"--parallel tp=3 --nproc 3", "--parallel (parallel) tp=3: tp(3) does not divide num_attention_heads(4)"},
+      {"--parallel tp=4 --nproc 4", "tp(4) does not divide num_key_value_heads(2): ftexec splits KV heads"},
+      {"--parallel tp=2 --nproc 4", "--parallel tp=2: dp_replicate(1) * dp_shard(1) * cp(1) * tp(2) * pp(1) = 2 != WORLD_SIZE(4)"},
+      {"--parallel tp=2 --method qlora --nproc 2", "tp(2) with --method (method) qlora: ftexec splits dense weights only"},
+      {"--parallel cp=2 --nproc 2", "cp(2) > 1: ftexec has no context parallelism"},
+      {"--parallel pp=2,dp_shard=2 --nproc 4", "ftexec replicates pipeline stages over data parallelism (dp_replicate), not sharded yet"},
       {"--parallel dp_shard=4 --nproc 2", "--parallel dp_shard=4,shard=fsdp: dp_replicate(1) * dp_shard(4) * cp(1) * tp(1) * pp(1) = 4 != WORLD_SIZE(2)"},
       {"--strategy fsdp_hybrid --shard-group-size 3 --nproc 4",
        "--strategy fsdp_hybrid: dp_replicate(1) * dp_shard(3) * cp(1) * tp(1) * pp(1) = 3 != WORLD_SIZE(4) (shard groups of 3 ranks: --shard-group-size)"},
