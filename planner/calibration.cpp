@@ -283,8 +283,12 @@ Calibration default_calibration(const HardwareSpec& hw, const std::string& preci
 CalibrationRun calibration_run(const RunLog& log, const nlohmann::json* plan, bool force) {
   CalibrationRun run;
   run.path = log.path;
-  if (!log.step_time_s) fail_input(log.path + ": the log has no step time (" + log.format + "): nothing to calibrate against");
-  run.measured_step_s = *log.step_time_s;
+  std::optional<double> step = log.step_time_s;
+  if (log.format == "ftexec-measured/1" && log.measured.is_object() && log.measured.contains("step_time_s") &&
+      log.measured["step_time_s"].is_number())
+    step = log.measured["step_time_s"].get<double>();
+  if (!step) fail_input(log.path + ": the log has no step time (" + log.format + "): nothing to calibrate against");
+  run.measured_step_s = *step;
   if (!(run.measured_step_s > 0) || !std::isfinite(run.measured_step_s)) fail_input(log.path + ": step_time_s must be > 0");
   if (log.format == "ftexec-measured/1") {
     const auto& m = log.measured;
