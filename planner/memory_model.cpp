@@ -824,7 +824,8 @@ std::vector<std::string> memory_assumptions(const ModelSpec& model, const Hardwa
     lines.push_back(std::string("QLoRA: block linears") + (fw.quantize_lm_head ? " and the head" : "") + " in NF4 (block 64, " +
                     (setup.quantization.double_quant ? "double quantisation: 4.127" : "fp32 absmax per block: 4.5") +
                     " bits/weight), the rest " + (fw.fp32_upcast_unquantized ? "upcast to fp32" : "in bf16") +
-                    (fw.quantized_matmul_saves_input ? "; each 4-bit matmul keeps its input (bitsandbytes < 0.43.2)" : ""));
+                    (fw.quantized_matmul_saves_input ? "; each 4-bit matmul keeps its input (bitsandbytes < 0.43.2)" : "") +
+                    (fw.quant_state_sharded ? "" : "; the absmaxes stay whole on every GPU under FSDP/ZeRO-3 and their offload (bitsandbytes' quant_state is not a parameter)"));
   const LossProfile& loss = fw.losses.count(setup.loss) ? fw.losses.at(setup.loss) : fw.losses.at(fw.loss);
   std::ostringstream l;
   l << "loss " << to_string(setup.loss) << ": peak " << loss.peak_bytes_per_token_vocab << " B x tokens x vocab";
