@@ -63,6 +63,8 @@ const std::vector<std::pair<std::string, Setter>>& leaves() {
       {"qlora.quantize_lm_head", [](P& p, const Json& v, const std::string& n) { p.quantize_lm_head = boolean(v, n); }},
       {"qlora.quantized_matmul_saves_input",
        [](P& p, const Json& v, const std::string& n) { p.quantized_matmul_saves_input = boolean(v, n); }},
+      {"qlora.quant_state_sharded",
+       [](P& p, const Json& v, const std::string& n) { p.quant_state_sharded = boolean(v, n); }},
       {"qlora.fp32_upcast_unquantized",
        [](P& p, const Json& v, const std::string& n) { p.fp32_upcast_unquantized = boolean(v, n); }},
       {"qlora.dequant_weights_alive",

@@ -64,6 +64,10 @@ struct FrameworkProfile {
   bool fp32_upcast_unquantized = false;       // prepare_model_for_kbit_training: the rest becomes fp32
   double dequant_weights_alive = 1;           // dequantised weights alive at once (bnb: one, forward/backward)
   bool quantized_matmul_saves_input = false;  // bitsandbytes < 0.43.2: MatMul4Bit keeps its input for backward
+  // The quantisation statistics (absmax per block, double quantisation's nested absmax) are tensors that
+  // FSDP / ZeRO-3 shard and offload with the packed weight (torchao's NF4Tensor all-gathers them); false:
+  // they live outside the sharded parameters, whole on every GPU (bitsandbytes' Params4bit.quant_state).
+  bool quant_state_sharded = true;
 
   // FSDP with LoRA: how the units hold gradients.
   bool fsdp_lora_separate_units = true;       // adapters wrapped as their own units (no frozen gradients)

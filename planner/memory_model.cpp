@@ -306,6 +306,12 @@ PreparedJob prepare_job(const ModelSpec& model, const HardwareSpec& hw, const Tr
                          (model.quantized.active() ? 0.0 : double(w_all.nf4) * activation_bytes(setup.precision) - double(w_all.nf4_bytes));
     j.trainable_save_bytes = double(w_all.trainable) * (setup.method == Method::full ? tb.weight : 2.0);
   }
+  // bitsandbytes' quantisation statistics: the NF4 storage beyond the packed codes (half a byte per weight).
+  if (setup.method == Method::qlora && !fw.quant_state_sharded && !model.quantized.active()) {
+    auto stats = [](const UnitParams& x) { return std::max(0.0, double(x.nf4_bytes) - 0.5 * double(x.nf4)); };
+    j.layer_quant_state_bytes = u.uniform ? stats(u.layer) : stats(u.blocks) / L;
+    j.head_quant_state_bytes = stats(u.head);
+  }
   j.dequant_bytes = setup.method == Method::qlora
                         ? to_bytes(fw.dequant_weights_alive * activation_bytes(setup.precision) * u.largest_quantized)
                         : 0;
@@ -427,6 +433,7 @@ MemoryEstimate estimate_memory(const PreparedJob& job, const Candidate& c, int64
   // xw, xg, xo: the experts' bytes among w, g, o (all the rank's blocks), split over the expert group.
   auto shard_states = [&](double w, double g, double o, double layers, bool first, bool last, double trainable,
                           double xw = 0, double xg = 0, double xo = 0) {
+    const double q_state = layers * job.layer_quant_state_bytes + (last ? job.head_quant_state_bytes : 0.0);
     States r{w, g, o, double(job.dequant_bytes), 0, job.optimizer_transient_bytes * (trainable / std::max(1.0, double(job.trainable_params)))};
     if (par.pp == 1) r.opt_transient = job.optimizer_transient_bytes;  // the whole model: exactly
     if (ep_split) {
@@ -481,8 +488,21 @@ MemoryEstimate estimate_memory(const PreparedJob& job, const Candidate& c, int64
       // holds only the units it gathers.
       r.host = ((par.offload_params ? w_all : trainable * tb.weight) + o_all + host_fp32_grads) / N;
       if (par.offload_params) r.w = 0;
-      r.o = 0, r.g = 0, r.opt_transient = 0;
+      // FSDP CPUOffload(offload_params=True): a gradient is copied to the host (_cpu_grad) only when it is
+      // reduce-scattered; under no_sync the post-backward hook returns before that, so the unsharded
+      // gradients of every unit stay on the GPU between accumulated micro-batches
+      // (torch/distributed/fsdp/_runtime_utils.py _post_backward_hook, 'if not state._sync_gradients: return',
+      // pytorch/pytorch at 00ae0bc91ac2c1718d1baa193d9d299e2b82776c).
+      r.g = fsdp && par.offload_params && unsharded_grads ? r.g : 0;
+      // Before each all-gather FSDP copies the unit's shard from the host to the GPU on its pre-unshard
+      // stream (FlatParamHandle.pre_unshard: flat_param_to(self.device, non_blocking=True)), freed once gathered
+      // (torch/distributed/fsdp/_flat_param.py at fe03cf693c7c774a88c01cd0bc52f80402b8437f).
+      if (fsdp && par.offload_params) r.temp += largest_unit_c / N;
+      r.o = 0, r.opt_transient = 0;
     }
+    // QLoRA with bitsandbytes: the quantisation statistics are an attribute of the weight, not a parameter,
+    // so sharding and offloading leave them whole on every GPU (fw.quant_state_sharded false).
+    if (par.shards_params() && q_state > 0) r.w += par.offload_params ? q_state : q_state - q_state / N;
     return r;
   };
 
@@ -613,7 +633,7 @@ MemoryEstimate estimate_memory(const PreparedJob& job, const Candidate& c, int64
   // A MoE block as the largest unit: whole without expert parallelism, its own experts only with it.
   const double unit_load = std::max({layer_weight_own, job.embedding_weight_bytes, job.head_weight_bytes});
   double load_tensors = (sharded ? double(m.weights) + unit_load : double(m.weights));
-  if (par.offload_params) load_tensors = unit_load;
+  if (par.offload_params) load_tensors = unit_load + double(m.weights);  // m.weights: what offload leaves on the GPU
   if (setup.method == Method::qlora) load_tensors += job.dequant_bytes;
   e.load.device_bytes = figures(to_bytes(load_tensors), hw, fw, distributed).device;
   e.step.device_bytes = step.device;
@@ -804,7 +824,8 @@ std::vector<std::string> memory_assumptions(const ModelSpec& model, const Hardwa
     lines.push_back(std::string("QLoRA: block linears") + (fw.quantize_lm_head ? " and the head" : "") + " in NF4 (block 64, " +
                     (setup.quantization.double_quant ? "double quantisation: 4.127" : "fp32 absmax per block: 4.5") +
                     " bits/weight), the rest " + (fw.fp32_upcast_unquantized ? "upcast to fp32" : "in bf16") +
-                    (fw.quantized_matmul_saves_input ? "; each 4-bit matmul keeps its input (bitsandbytes < 0.43.2)" : ""));
+                    (fw.quantized_matmul_saves_input ? "; each 4-bit matmul keeps its input (bitsandbytes < 0.43.2)" : "") +
+                    (fw.quant_state_sharded ? "" : "; the absmaxes stay whole on every GPU under FSDP/ZeRO-3 and their offload (bitsandbytes' quant_state is not a parameter)"));
   const LossProfile& loss = fw.losses.count(setup.loss) ? fw.losses.at(setup.loss) : fw.losses.at(fw.loss);
   std::ostringstream l;
   l << "loss " << to_string(setup.loss) << ": peak " << loss.peak_bytes_per_token_vocab << " B x tokens x vocab";

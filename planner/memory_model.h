@@ -113,6 +113,9 @@ struct PreparedJob {
   double trainable_save_bytes = 0;        // what a save writes: the trainable weights (adapters, or all)
   int64_t trainable_params = 0;
   int64_t dequant_bytes = 0;              // QLoRA: the dequantised weights alive at once
+  // QLoRA where the framework keeps the quantisation statistics outside the sharded parameters
+  // (fw.quant_state_sharded false): one block's and the head's absmax bytes (part of the weight bytes above)
+  double layer_quant_state_bytes = 0, head_quant_state_bytes = 0;
   // [fused, eager][none, selective][autocast with fp32 parameters: no, yes] one block. Under amp,
   // strategies that compute with fp32 parameters (single, DDP, ZeRO-1/2, pipelines) run autocast: an
   // fp32 residual stream and bf16 weight copies; FSDP and ZeRO-3 gather bf16 parameters instead.

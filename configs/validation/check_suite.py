@@ -108,7 +108,13 @@ def check_quantization(v, errors, where):
         errors.append(f"{where}: quantization: expected {{\"double_quant\": bool}}, got {v!r}")
 
 
-PARALLEL_RE = re.compile(r"^(?:(?:tp|pp|cp|dp_shard|dp_replicate)=\d+)(?:,(?:tp|pp|cp|dp_shard|dp_replicate)=\d+)*$")
+_PARALLEL_KV = r"(?:(?:tp|pp|cp|dp_shard|dp_replicate)=\d+|shard=(?:zero1|zero2|zero3|fsdp|fsdp_shard_grad_op)|offload=(?:none|optimizer|optimizer\+params))"
+PARALLEL_RE = re.compile(r"^" + _PARALLEL_KV + r"(?:," + _PARALLEL_KV + r")*$")
+
+
+def model_parallel(layout):
+    """True when a --parallel layout has a tensor, pipeline or context degree above 1."""
+    return any(k in ("tp", "pp", "cp") and int(v) > 1 for k, v in (kv.split("=") for kv in layout.split(",")))
 
 # job key -> validator (returns bool) or a function(v, errors, where)
 JOB_KEYS = {
@@ -162,10 +168,10 @@ def check_job(job, case, errors):
         for k in ("method", "precision", "optimizer", "seq_len", "micro_batch", "checkpointing", "framework"):
             if k not in job:
                 errors.append(f"{where}: '{k}' missing (expressible case)")
-        if "strategy" not in job:
-            errors.append(f"{where}: 'strategy' missing (expressible case)")
-        if "parallel" in job:
-            errors.append(f"{where}: 'parallel' (TP/PP/CP) set on an expressible case")
+        if "strategy" not in job and "parallel" not in job:
+            errors.append(f"{where}: 'strategy' (or a data-parallel 'parallel' layout) missing (expressible case)")
+        if isinstance(job.get("parallel"), str) and PARALLEL_RE.match(job["parallel"]) and model_parallel(job["parallel"]):
+            errors.append(f"{where}: 'parallel' with TP/PP/CP set on an expressible case")
     if "strategy" in job and "parallel" in job:
         errors.append(f"{where}: both 'strategy' and 'parallel'")
     if job.get("strategy") == "single" and job.get("gpus") != 1:
@@ -183,7 +189,7 @@ def check_job(job, case, errors):
     if "quantization" in job and method != "qlora":
         errors.append(f"{where}: quantization without method qlora")
     strategy = job.get("strategy")
-    if strategy in FSDP_STRATEGIES and "fsdp_version" not in job:
+    if (strategy in FSDP_STRATEGIES or "shard=fsdp" in str(job.get("parallel", ""))) and "fsdp_version" not in job:
         errors.append(f"{where}: strategy {strategy} without fsdp_version")
     if strategy in DEEPSPEED_STRATEGIES and "fsdp_version" in job:
         errors.append(f"{where}: fsdp_version with the DeepSpeed strategy {strategy}")
@@ -384,7 +390,7 @@ def main():
     adjusted_gpus = set()
     if args.ftplan:
         known = {"model", "gpu", "gpus", "method", "lora", "precision", "optimizer", "paged_optimizer", "seq_len",
-                 "micro_batch", "grad_accum", "checkpointing", "attention", "strategy"}
+                 "micro_batch", "grad_accum", "checkpointing", "attention", "strategy", "parallel"}
         with tempfile.TemporaryDirectory() as tmp:
             for c in cases:
                 if c.get("expressible") is not True:

@@ -401,3 +401,64 @@ TEST_CASE("min_gpus is the boundary for ZeRO-3", "[memory]") {
     CHECK(static_cast<double>(n) >= lower);
   }
 }
+
+TEST_CASE("bitsandbytes' quantisation statistics stay whole on every GPU under FSDP and its CPU offload", "[memory]") {
+  // hf (bitsandbytes): Params4bit.quant_state is an attribute, not a parameter, so FSDP shards and offloads
+  // only the packed codes; torchtune (torchao NF4Tensor) all-gathers its scalers with the codes.
+  const auto model = load_model("llama-3-8b");
+  const auto hw = ftplan::load_hardware("rtx-4090");
+  // The statistics by hand, from the block linears' shapes: one uint8 absmax per block of 64 weights and
+  // one fp32 nested absmax per 256 of them (double quantisation).
+  double stats = 0;
+  for (const auto& lin : ftplan::block_linears(model)) {
+    const int64_t blocks = (lin.in_features * lin.out_features + 63) / 64;
+    stats += double(blocks + (blocks + 255) / 256 * 4);
+  }
+  stats *= double(model.num_layers);
+  auto run = [&](const std::string& framework, const std::string& layout, int64_t gpus, int64_t accum) {
+    auto setup = make_setup("llama-3-8b", Method::qlora, gpus, 1024);
+    setup.framework = framework;
+    setup.quantization.double_quant = true;
+    setup.lora.targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+    setup.grad_accum = accum;
+    const auto c = layout == "single"
+                       ? ftplan::preset_candidate(Strategy::single, 1, hw, 1, Checkpointing::full, Attention::fused)
+                       : ftplan::layout_candidate(ftplan::parse_parallelism(layout, "test"), 1, Checkpointing::full,
+                                                  Attention::fused);
+    return ftplan::estimate_memory(model, hw, setup, c);
+  };
+  for (const std::string fw : {"hf", "torchtune"}) {
+    CAPTURE(fw);
+    const double whole = double(run(fw, "single", 1, 1).per_gpu.weights);  // every weight, the statistics included
+    const bool replicated = fw == "hf";
+    for (int64_t n : {2, 4}) {
+      CAPTURE(n);
+      const double w = double(run(fw, "dp_shard=" + std::to_string(n) + ",shard=fsdp", n, 1).per_gpu.weights);
+      CHECK_THAT(w, WithinRel(replicated ? (whole - stats) / double(n) + stats : whole / double(n), 1e-9));
+      const double off =
+          double(run(fw, "dp_shard=" + std::to_string(n) + ",shard=fsdp,offload=optimizer+params", n, 1).per_gpu.weights);
+      CHECK_THAT(off, WithinRel(replicated ? stats : 0.0, 1e-9));
+    }
+  }
+}
+
+TEST_CASE("FSDP CPU offload keeps unsharded gradients on the GPU under no_sync only", "[memory]") {
+  // torch FSDP-1 _post_backward_hook returns before copying a gradient to _cpu_grad when gradients are not
+  // synchronised (no_sync, which hf's accelerate enters between accumulated micro-batches).
+  const auto model = load_model("llama-2-7b");
+  const auto hw = ftplan::load_hardware("rtx-4090");
+  auto est = [&](int64_t accum) {
+    auto setup = make_setup("llama-2-7b", Method::lora, 2, 1024);
+    setup.framework = "hf";
+    setup.grad_accum = accum;
+    const auto c = ftplan::layout_candidate(ftplan::parse_parallelism("dp_shard=2,shard=fsdp,offload=optimizer+params", "test"),
+                                            1, Checkpointing::full, Attention::fused);
+    return ftplan::estimate_memory(model, hw, setup, c);
+  };
+  auto setup = make_setup("llama-2-7b", Method::lora, 2, 1024);
+  setup.framework = "hf";
+  const auto t = ftplan::trainable_params(model, setup);
+  const auto tb = ftplan::trainable_param_bytes(setup.precision, setup.optimizer);
+  CHECK(est(1).per_gpu.gradients == 0);
+  CHECK_THAT(double(est(2).per_gpu.gradients), WithinRel(double(t.trainable) * tb.gradient, 1e-9));
+}
