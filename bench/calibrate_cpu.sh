@@ -7,13 +7,27 @@
 #      starting once from the hwdb's figures and once from step 2's measurement.
 # Prints the per-run table and the mean |error| of each; writes everything under OUT (default
 # build/bench-calibrate). Usage: bench/calibrate_cpu.sh [OUT]   (about 3-5 minutes on 2 cores)
+# FTPLAN_BENCH_ISOLATE=1: every other process is moved to CPU 1 and the bench runs alone on CPU 0
+# (taskset), then everything is moved back: on a shared 2-core machine the timings are otherwise
+# disturbed by up to 2x (measured here with another agent's builds and tests running).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${FTPLAN_BENCH_ISOLATE:-0}" = 1 ] && [ -z "${FTPLAN_BENCH_ISOLATED:-}" ]; then
+  for p in $(ps -e -o pid=); do taskset -a -p 0x2 "$p" >/dev/null 2>&1 || true; done
+  rc=0
+  FTPLAN_BENCH_ISOLATED=1 taskset -c 0 nice -n -15 bash "$0" "$@" || rc=$?
+  all=$(printf '0x%x' $(( (1 << $(nproc --all)) - 1 )))
+  for p in $(ps -e -o pid=); do taskset -a -p "$all" "$p" >/dev/null 2>&1 || true; done
+  exit $rc
+fi
 out=${1:-build/bench-calibrate}
 mkdir -p "$out"
 ftexec=build/executor/ftexec
 ftplan=build/cli/ftplan
-threads=${FTPLAN_BENCH_THREADS:-0}
+# Each run's fastest step (ftexec calibrate's timings are their fastest repeat too): on a 2-core
+# machine shared with other work the median is disturbed by it, the minimum least. FTPLAN_BENCH_STAT=logged: the median.
+stat=${FTPLAN_BENCH_STAT:-min}
+threads=${FTPLAN_BENCH_THREADS:-1}  # one thread: OpenMP barriers on a shared 2-core machine make multi-threaded small ops erratic
 
 # name  model                       method  seq   micro-batch  lora rank
 shapes=(
@@ -31,17 +45,17 @@ for line in "${shapes[@]}"; do
   lora=()
   [ "$method" = lora ] && lora=(--lora-rank "$rank")
   "$ftexec" run --model "$model" --method "$method" "${lora[@]}" --seq-len "$seq" --micro-batch "$mb" \
-    --precision fp32 --attention eager --steps 8 --warmup 3 --threads "$threads" --gpu cpu --device cpu \
+    --precision fp32 --attention eager --steps 12 --warmup 4 --threads "$threads" --gpu cpu --device cpu \
     --no-progress --out "$out/$name.json" >/dev/null
   runs+=("$out/$name.json")
-  echo "measured $name: $(python3 -c "import json,sys; print(round(json.load(open(sys.argv[1]))['step_time_s'], 4))" "$out/$name.json") s"
+  echo "measured $name: $(python3 -c "import json,sys; t=json.load(open(sys.argv[1]))['step_times_s']; print(f'fastest {min(t):.4f} s, median {sorted(t)[len(t)//2]:.4f} s')" "$out/$name.json")"
 done
 
 "$ftexec" calibrate --model bench/models/cpu-h512.json --method lora --lora-rank 16 --seq-len 256 --micro-batch 2 \
   --precision fp32 --attention eager --threads "$threads" --gpu cpu --device cpu --out "$out/ftexec-calibration.json"
 
-"$ftplan" calibrate "${runs[@]}" --leave-one-out --json -o "$out/fit-hwdb-prior.json" >"$out/loo-hwdb-prior.json"
-"$ftplan" calibrate "${runs[@]}" --leave-one-out --json --prior "$out/ftexec-calibration.json" \
+"$ftplan" calibrate "${runs[@]}" --step-time "$stat" --leave-one-out --json -o "$out/fit-hwdb-prior.json" >"$out/loo-hwdb-prior.json"
+"$ftplan" calibrate "${runs[@]}" --step-time "$stat" --leave-one-out --json --prior "$out/ftexec-calibration.json" \
   -o "$out/fit-ftexec-prior.json" >"$out/loo-ftexec-prior.json"
 
 python3 - "$out" <<'EOF'

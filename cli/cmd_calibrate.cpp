@@ -15,7 +15,7 @@ int run_calibrate(const CalibrateOptions& o) {
   std::optional<nlohmann::json> plan;
   if (!o.plan.empty()) plan = read_json_file(o.plan);
   std::vector<CalibrationRun> runs;
-  for (const auto& path : o.runs) runs.push_back(calibration_run(read_run_log(path), plan ? &*plan : nullptr, o.force));
+  for (const auto& path : o.runs) runs.push_back(calibration_run(read_run_log(path), plan ? &*plan : nullptr, o.force, o.step_time));
   std::string device = o.gpu;
   for (const auto& r : runs) {
     if (o.gpu.empty() && device.empty()) device = r.device;
@@ -31,7 +31,7 @@ int run_calibrate(const CalibrateOptions& o) {
   // A prior that leaves a parameter to the hwdb: fill it in, so that every parameter has a start.
   {
     const Calibration d = default_calibration(hw, precision);
-    if (prior.gemm_efficiency.size() != 3) prior.gemm_efficiency = d.gemm_efficiency;
+    if (prior.gemm_efficiency.size() != size_t(kGemmAnchors)) prior.gemm_efficiency = d.gemm_efficiency;
     if (!prior.attention_efficiency) prior.attention_efficiency = d.attention_efficiency;
     if (!prior.comm_latency_s) prior.comm_latency_s = d.comm_latency_s;
   }

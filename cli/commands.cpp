@@ -70,6 +70,10 @@ void add_commands(CLI::App& app, Commands& c) {
   calibrate->add_flag("--leave-one-out", c.calibrate.leave_one_out,
                       "Also judge the calibration: predict each run from a fit on the others, error before and after");
   calibrate->add_flag("--force", c.calibrate.force, "Use runs whose job differs from --plan's");
+  calibrate->add_option("--step-time", c.calibrate.step_time,
+                        "logged (the log's figure; ftexec: the median after warm-up) | min (ftexec's fastest step: "
+                        "least disturbed by other work on a shared machine)")
+      ->capture_default_str();
   calibrate->add_flag("--json", c.calibrate.json, "Print JSON");
   compare->add_flag("--force", c.compare.force, "Compare even when the run differs from the planned job");
   compare->add_flag("--ranks", c.compare.ranks,

@@ -70,6 +70,7 @@ struct CalibrateOptions {
   std::string plan;               // --plan: the plan the non-ftexec logs ran
   std::string prior;              // --prior: a calibration to start from (e.g. ftexec calibrate's)
   std::string gpu;                // --gpu: the hwdb id of the device (default: the runs')
+  std::string step_time = "logged";  // --step-time logged | min
   bool leave_one_out = false;
   bool force = false;
   bool json = false;

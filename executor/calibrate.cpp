@@ -5,11 +5,14 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <thread>
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include "executor/comm.h"
 #include "executor/torch_compat.h"
 #include "executor/trainer.h"
 #include "planner/calibration.h"
@@ -24,9 +27,10 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Median seconds of `fn` over repeats: one warm-up call, then repeats until `budget_s` has passed
-// (at least 3, at most 50).
-double time_median_s(const std::function<void()>& fn, bool cuda, double budget_s = 0.3) {
+// Seconds of `fn`: the fastest of the repeats (one warm-up call, then repeats until `budget_s` has
+// passed, at least 3, at most 50): on a machine shared with other work the minimum is the estimate
+// least disturbed by it.
+double time_best_s(const std::function<void()>& fn, bool cuda, double budget_s = 0.3) {
   fn();
   if (cuda) compat::cuda_synchronize();
   std::vector<double> times;
@@ -37,8 +41,7 @@ double time_median_s(const std::function<void()>& fn, bool cuda, double budget_s
     if (cuda) compat::cuda_synchronize();
     times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
   }
-  std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
-  return times[times.size() / 2];
+  return *std::min_element(times.begin(), times.end());
 }
 
 }  // namespace
@@ -66,7 +69,7 @@ nlohmann::json calibrate_device(const ExecJob& job, const std::string& hw_id, Co
     nlohmann::json gemms = nlohmann::json::array();
     auto time_gemm = [&](int64_t rows, int64_t k, int64_t n, const std::string& what) {
       at::Tensor a = at::randn({rows, k}, opts), b = at::randn({k, n}, opts);
-      const double t = time_median_s([&] { (void)at::mm(a, b); }, cuda);
+      const double t = time_best_s([&] { (void)at::mm(a, b); }, cuda);
       const double e = 2.0 * double(rows) * double(k) * double(n) / t / peak;
       const double dim = double(std::min({rows, k, n}));
       points.emplace_back(dim, e);
@@ -85,6 +88,8 @@ nlohmann::json calibrate_device(const ExecJob& job, const std::string& hw_id, Co
       }
     }
     time_gemm(rows, m.hidden_size, m.vocab_size, "lm_head forward");
+    // Thin GEMMs (a LoRA rank's), and squares.
+    for (int64_t r : {8, 16, 32}) time_gemm(rows, m.hidden_size, r, "thin " + std::to_string(r));
     for (int64_t d : {64, 128, 256, 512, 1024, 2048}) {
       const double t = time_gemm(d, d, d, "square " + std::to_string(d));
       if (d == 2048 && t < 0.2) time_gemm(4096, 4096, 4096, "square 4096");
@@ -102,7 +107,7 @@ nlohmann::json calibrate_device(const ExecJob& job, const std::string& hw_id, Co
       const double scale = 1.0 / std::sqrt(double(d));
       const bool fused = s.attention.value_or(ftplan::Attention::eager) == ftplan::Attention::fused && compat::kHasSdpa;
       at::Tensor mask = at::ones({S, S}, at::TensorOptions().dtype(at::kBool)).triu(1).to(at::Device(job.device));
-      const double t = time_median_s(
+      const double t = time_best_s(
           [&] {
             at::Tensor out;
             if (fused) {
@@ -129,7 +134,7 @@ nlohmann::json calibrate_device(const ExecJob& job, const std::string& hw_id, Co
       at::Tensor p = at::randn({n}, opts);
       p.mutable_grad() = at::randn({n}, opts);
       AdamW adam({p}, AdamWOptions{}, s.precision == ftplan::Precision::mixed);
-      const double t = time_median_s([&] { adam.step(); }, cuda, 0.5);
+      const double t = time_best_s([&] { adam.step(); }, cuda, 0.5);
       const double bw = 28.0 * double(n) / t;
       c.optimizer_bandwidth_factor = std::clamp(bw / hw.hbm_bandwidth_bytes_per_s, 1e-3, 4.0);
       details["optimizer"] = {{"params", n}, {"time_s", t}, {"bytes_per_s", bw}, {"factor", c.optimizer_bandwidth_factor}};
@@ -147,7 +152,7 @@ nlohmann::json calibrate_device(const ExecJob& job, const std::string& hw_id, Co
     for (int64_t bytes = 4096; bytes <= (INT64_C(16) << 20); bytes *= 4) {
       at::Tensor t = at::ones({bytes / 4}, at::TensorOptions().dtype(at::kFloat).device(at::Device(job.device)));
       comm.barrier();
-      const double sec = time_median_s([&] { comm.all_reduce_sum(t); }, cuda, 0.3);
+      const double sec = time_best_s([&] { comm.all_reduce_sum(t); }, cuda, 0.3);
       const double secs = comm.all_reduce_scalar(sec, true);  // the slowest rank's
       const double wire = ftplan::wire_bytes(ftplan::Collective::all_reduce, double(bytes), n);
       xs_steps.push_back(2.0 * (n - 1));
@@ -185,6 +190,22 @@ nlohmann::json calibrate_device(const ExecJob& job, const std::string& hw_id, Co
   details["peak_flops"] = peak;
   c.details = details;
   return ftplan::calibration_to_json(c);
+}
+
+nlohmann::json calibrate_rank(const ExecJob& job, const std::string& hw_id, const DistEnv& env, double timeout_s,
+                              const std::string& backend) {
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  at::set_num_threads(job.threads > 0 ? int(job.threads) : std::max(1, cores / std::max(1, env.local_world)));
+  CommOptions co;
+  co.rank = env.rank;
+  co.world = env.world;
+  co.master_addr = env.master_addr;
+  co.master_port = env.master_port;
+  co.host_store = env.host_store;
+  co.timeout_s = timeout_s;
+  co.backend = backend == "auto" ? (job.device.rfind("cuda", 0) == 0 ? "nccl" : "gloo") : backend;
+  std::unique_ptr<Comm> comm = Comm::connect(co);
+  return calibrate_device(job, hw_id, *comm);
 }
 
 }  // namespace ftexec

@@ -1,8 +1,8 @@
 // `ftexec calibrate`: the time model's efficiency parameters measured directly on the machine it
 // runs on, written in the format of `ftplan calibrate` (planner/calibration.h):
 //   GEMMs         the job's model shapes (every block linear forward, input-gradient and weight-
-//                 gradient GEMM, the head, LoRA's adapters) and square GEMMs of 64 ... 2048 (4096
-//                 where fast enough), each timed (median of repeats) in the job's compute dtype; the
+//                 gradient GEMM, the head, LoRA's adapters) and square GEMMs of 16 ... 2048 (4096
+//                 where fast enough), each timed (fastest of repeats) in the job's compute dtype; the
 //                 three anchors fitted from (smallest dimension, achieved / peak) points
 //   attention     the model's attention core (eager: QK^T, scale, causal mask, fp32 softmax, P·V; fused:
 //                 scaled_dot_product_attention) forward + backward at [micro_batch, heads, seq_len, head_dim]
@@ -16,8 +16,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "executor/comm.h"
 #include "executor/exec_job.h"
+#include "executor/launch.h"
 
 namespace ftexec {
 
@@ -25,6 +25,12 @@ namespace ftexec {
 // compute alone while the others wait, then every rank times the collectives; rank 0 returns the
 // calibration JSON (calibration_to_json), the others null. `hw_id`: the hwdb entry whose peak and
 // bandwidths the efficiencies are relative to.
+class Comm;
 nlohmann::json calibrate_device(const ExecJob& job, const std::string& hw_id, Comm& comm);
+
+// One rank of `ftexec calibrate`: threads as `ftexec run` sets them, the rendezvous (`backend`: auto,
+// gloo or nccl; a local Comm for one process), then calibrate_device.
+nlohmann::json calibrate_rank(const ExecJob& job, const std::string& hw_id, const DistEnv& env, double timeout_s,
+                              const std::string& backend);
 
 }  // namespace ftexec

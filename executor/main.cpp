@@ -10,13 +10,11 @@
 #include <filesystem>
 #include <iostream>
 #include <optional>
-#include <thread>
 
 #include <CLI/CLI.hpp>
 
 #include "executor/calibrate.h"
 #include "executor/checkpoint.h"
-#include "executor/comm.h"
 #include "executor/dist_run.h"
 #include "executor/exec_job.h"
 #include "executor/launch.h"
@@ -228,24 +226,15 @@ int run_calibrate(const CalibrateCmd& cmd) {
     return ftexec::launch_local(lo, rank_args_, std::cerr);
   }
   const ftexec::DistEnv env = ftexec::dist_env_from_environment();
-  const int cores = static_cast<int>(std::max<unsigned>(1, std::thread::hardware_concurrency()));
-  at::set_num_threads(job.threads > 0 ? int(job.threads) : std::max(1, cores / std::max(1, env.local_world)));
-  ftexec::CommOptions co;
-  co.rank = env.rank;
-  co.world = env.world;
-  co.master_addr = env.master_addr;
-  co.master_port = env.master_port;
-  co.host_store = env.host_store;
-  co.timeout_s = f.get_number("--timeout-s").value_or(ftexec::DistOptions{}.timeout_s);
-  co.backend = o.dist.backend == "auto" ? (device.rfind("cuda", 0) == 0 ? "nccl" : "gloo") : o.dist.backend;
-  std::unique_ptr<ftexec::Comm> comm = ftexec::Comm::connect(co);
-  const nlohmann::json cal = ftexec::calibrate_device(job, hw_id, *comm);
+  const nlohmann::json cal = ftexec::calibrate_rank(job, hw_id, env, f.get_number("--timeout-s").value_or(ftexec::DistOptions{}.timeout_s),
+                                                   o.dist.backend);
   if (env.rank != 0) return 0;
   ftplan::write_output(o.out, cal.dump(2) + "\n", "--out");
   const auto& p = cal["parameters"];
   (o.out == "-" ? std::cerr : std::cout) << "calibrated " << hw_id << " (" << cal["precision"].get<std::string>()
-      << "): GEMM efficiency " << p["gemm_efficiency"]["64"].get<double>() << " / " << p["gemm_efficiency"]["512"].get<double>()
-      << " / " << p["gemm_efficiency"]["4096"].get<double>() << " at 64 / 512 / 4096, attention "
+      << "): GEMM efficiency " << p["gemm_efficiency"]["16"].get<double>() << " / " << p["gemm_efficiency"]["64"].get<double>()
+      << " / " << p["gemm_efficiency"]["512"].get<double>() << " / " << p["gemm_efficiency"]["4096"].get<double>()
+      << " at 16 / 64 / 512 / 4096, attention "
       << p["attention_efficiency"].get<double>() << ", optimizer bandwidth x" << p["optimizer_bandwidth_factor"].get<double>()
       << (env.world > 1 ? ", all-reduce bandwidth x" + std::to_string(p["link_bandwidth_factor"]["intra_node"].get<double>()) : std::string())
       << (o.out == "-" ? std::string() : ", wrote " + o.out) << "\n";

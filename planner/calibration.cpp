@@ -27,7 +27,8 @@ namespace ftplan {
 namespace {
 
 // The fitted parameters, in this order, as their logarithms.
-const std::vector<std::string> kParams = {"gemm_efficiency.64",
+const std::vector<std::string> kParams = {"gemm_efficiency.16",
+                                          "gemm_efficiency.64",
                                           "gemm_efficiency.512",
                                           "gemm_efficiency.4096",
                                           "attention_efficiency",
@@ -42,34 +43,33 @@ struct Bounds {
   double lo, hi;
 };
 Bounds bounds_of(size_t k) {
-  if (k <= 3) return {1e-4, 1.0};   // efficiencies: achieved / peak
-  if (k <= 7) return {1e-3, 4.0};   // factors on the hwdb's bandwidths
+  if (k <= size_t(kGemmAnchors)) return {1e-4, 1.0};   // efficiencies: achieved / peak (GEMM anchors, attention)
+  if (k <= size_t(kGemmAnchors) + 4) return {1e-3, 4.0};  // factors: optimizer, links
   return {1e-8, 0.1};               // latency, s
 }
 
 std::vector<double> to_theta(const Calibration& c, const HardwareSpec& hw) {
   const double e = hw.matmul_efficiency;
-  std::vector<double> v = {c.gemm_efficiency.size() == 3 ? c.gemm_efficiency[0] : e,
-                           c.gemm_efficiency.size() == 3 ? c.gemm_efficiency[1] : e,
-                           c.gemm_efficiency.size() == 3 ? c.gemm_efficiency[2] : e,
-                           c.attention_efficiency.value_or(e),
-                           c.optimizer_bandwidth_factor,
-                           c.intra_node_bandwidth_factor,
-                           c.inter_node_bandwidth_factor,
-                           c.host_bandwidth_factor,
-                           c.comm_latency_s.value_or(hw.comm_latency_s > 0 ? hw.comm_latency_s : 1e-6)};
+  std::vector<double> v;
+  for (int k = 0; k < kGemmAnchors; ++k) v.push_back(c.gemm_efficiency.size() == size_t(kGemmAnchors) ? c.gemm_efficiency[k] : e);
+  for (double x : {c.attention_efficiency.value_or(e), c.optimizer_bandwidth_factor, c.intra_node_bandwidth_factor,
+                   c.inter_node_bandwidth_factor, c.host_bandwidth_factor,
+                   c.comm_latency_s.value_or(hw.comm_latency_s > 0 ? hw.comm_latency_s : 1e-6)})
+    v.push_back(x);
   for (double& x : v) x = std::log(x);
   return v;
 }
 
 void from_theta(Calibration& c, const std::vector<double>& t) {
-  c.gemm_efficiency = {std::exp(t[0]), std::exp(t[1]), std::exp(t[2])};
-  c.attention_efficiency = std::exp(t[3]);
-  c.optimizer_bandwidth_factor = std::exp(t[4]);
-  c.intra_node_bandwidth_factor = std::exp(t[5]);
-  c.inter_node_bandwidth_factor = std::exp(t[6]);
-  c.host_bandwidth_factor = std::exp(t[7]);
-  c.comm_latency_s = std::exp(t[8]);
+  const size_t a = kGemmAnchors;
+  c.gemm_efficiency.clear();
+  for (size_t k = 0; k < a; ++k) c.gemm_efficiency.push_back(std::exp(t[k]));
+  c.attention_efficiency = std::exp(t[a]);
+  c.optimizer_bandwidth_factor = std::exp(t[a + 1]);
+  c.intra_node_bandwidth_factor = std::exp(t[a + 2]);
+  c.inter_node_bandwidth_factor = std::exp(t[a + 3]);
+  c.host_bandwidth_factor = std::exp(t[a + 4]);
+  c.comm_latency_s = std::exp(t[a + 5]);
 }
 
 void check_keys(const nlohmann::json& j, const std::set<std::string>& allowed, const std::string& where) {
@@ -143,7 +143,7 @@ std::string fixed(double v, int digits) {
 }
 
 std::string value_text(size_t k, double v) {
-  if (k == 8) return fixed(v * 1e6, 2) + " us";
+  if (k == kParams.size() - 1) return fixed(v * 1e6, 2) + " us";
   return fixed(v, 4);
 }
 
@@ -153,38 +153,42 @@ std::vector<double> fit_gemm_anchors(const std::vector<std::pair<double, double>
   if (points.empty()) fail_input("calibration: no GEMM timings to fit");
   // Row i: the interpolation weights c_ik of point i (compute_model.cpp gemm_efficiency), so that
   // 1/e_i = Σ_k c_ik u_k with u_k = 1 / anchor efficiency; residual (Σ c_ik u_k) e_i - 1.
-  std::vector<std::vector<double>> a(3, std::vector<double>(3, 0.0));
-  std::vector<double> b(3, 0.0);
+  const int n = kGemmAnchors;
+  std::vector<std::vector<double>> a(n, std::vector<double>(n, 0.0));
+  std::vector<double> b(n, 0.0);
   for (const auto& [dim, e] : points) {
     if (!(e > 0) || !std::isfinite(e)) fail_input("calibration: a GEMM timing gave efficiency " + std::to_string(e));
-    double c[3] = {0, 0, 0};
+    std::vector<double> c(n, 0.0);
     const double d = std::max(1.0, dim);
-    if (d <= kGemmAnchorDims[0]) c[0] = 1;
-    else if (d >= kGemmAnchorDims[2]) c[2] = 1;
-    else {
-      const int i = d < kGemmAnchorDims[1] ? 0 : 1;
+    if (d <= kGemmAnchorDims[0]) {
+      c[0] = 1;
+    } else if (d >= kGemmAnchorDims[n - 1]) {
+      c[n - 1] = 1;
+    } else {
+      int i = 0;
+      while (d >= kGemmAnchorDims[i + 1]) ++i;
       const double t = (std::log2(d) - std::log2(kGemmAnchorDims[i])) / (std::log2(kGemmAnchorDims[i + 1]) - std::log2(kGemmAnchorDims[i]));
       c[i] = 1 - t;
       c[i + 1] = t;
     }
-    for (int k = 0; k < 3; ++k) {
-      for (int l = 0; l < 3; ++l) a[k][l] += c[k] * e * c[l] * e;
+    for (int k = 0; k < n; ++k) {
+      for (int l = 0; l < n; ++l) a[k][l] += c[k] * e * c[l] * e;
       b[k] += c[k] * e;
     }
   }
   // Smoothness: a small penalty on (u_k - u_{k+1}) relative to the data's scale.
   double scale = 0;
-  for (int k = 0; k < 3; ++k) scale = std::max(scale, a[k][k]);
+  for (int k = 0; k < n; ++k) scale = std::max(scale, a[k][k]);
   const double tie = 1e-5 * std::max(scale, 1e-12);
-  for (int k = 0; k < 2; ++k) {
+  for (int k = 0; k + 1 < n; ++k) {
     a[k][k] += tie;
     a[k + 1][k + 1] += tie;
     a[k][k + 1] -= tie;
     a[k + 1][k] -= tie;
   }
   const std::vector<double> u = solve(a, b);
-  std::vector<double> e(3);
-  for (int k = 0; k < 3; ++k) {
+  std::vector<double> e(n);
+  for (int k = 0; k < n; ++k) {
     if (!(u[k] > 0)) fail_input("calibration: the GEMM timings do not determine a positive efficiency at " +
                                 std::to_string(int(kGemmAnchorDims[k])));
     e[k] = std::clamp(1.0 / u[k], 1e-4, 1.0);
@@ -194,8 +198,10 @@ std::vector<double> fit_gemm_anchors(const std::vector<std::pair<double, double>
 
 nlohmann::json calibration_to_json(const Calibration& c) {
   nlohmann::json p = nlohmann::json::object();
-  if (c.gemm_efficiency.size() == 3)
-    p["gemm_efficiency"] = {{"64", c.gemm_efficiency[0]}, {"512", c.gemm_efficiency[1]}, {"4096", c.gemm_efficiency[2]}};
+  if (c.gemm_efficiency.size() == size_t(kGemmAnchors)) {
+    p["gemm_efficiency"] = nlohmann::json::object();
+    for (int k = 0; k < kGemmAnchors; ++k) p["gemm_efficiency"][kGemmAnchorKeys[k]] = c.gemm_efficiency[k];
+  }
   if (c.attention_efficiency) p["attention_efficiency"] = *c.attention_efficiency;
   p["optimizer_bandwidth_factor"] = c.optimizer_bandwidth_factor;
   p["link_bandwidth_factor"] = {{"intra_node", c.intra_node_bandwidth_factor},
@@ -223,9 +229,9 @@ Calibration calibration_from_json(const nlohmann::json& j, const std::string& wh
   check_keys(p, {"gemm_efficiency", "attention_efficiency", "optimizer_bandwidth_factor", "link_bandwidth_factor", "comm_latency_s"}, pw);
   if (p.contains("gemm_efficiency") && !p["gemm_efficiency"].is_null()) {
     const auto& g = p["gemm_efficiency"];
-    if (!g.is_object()) fail_input(pw + ".gemm_efficiency: expected an object {\"64\": .., \"512\": .., \"4096\": ..}");
-    check_keys(g, {"64", "512", "4096"}, pw + ".gemm_efficiency");
-    for (const char* k : {"64", "512", "4096"}) c.gemm_efficiency.push_back(read_number(g, k, pw + ".gemm_efficiency", 1e-4, 1.0));
+    if (!g.is_object()) fail_input(pw + ".gemm_efficiency: expected an object {\"16\": .., \"64\": .., \"512\": .., \"4096\": ..}");
+    check_keys(g, std::set<std::string>(std::begin(kGemmAnchorKeys), std::end(kGemmAnchorKeys)), pw + ".gemm_efficiency");
+    for (const char* k : kGemmAnchorKeys) c.gemm_efficiency.push_back(read_number(g, k, pw + ".gemm_efficiency", 1e-4, 1.0));
   }
   if (p.contains("attention_efficiency") && !p["attention_efficiency"].is_null())
     c.attention_efficiency = read_number(p, "attention_efficiency", pw, 1e-4, 1.0);
@@ -280,13 +286,26 @@ Calibration default_calibration(const HardwareSpec& hw, const std::string& preci
   return c;
 }
 
-CalibrationRun calibration_run(const RunLog& log, const nlohmann::json* plan, bool force) {
+CalibrationRun calibration_run(const RunLog& log, const nlohmann::json* plan, bool force, const std::string& statistic) {
   CalibrationRun run;
   run.path = log.path;
+  if (statistic != "logged" && statistic != "min") fail_input("--step-time: '" + statistic + "' is not logged or min");
   std::optional<double> step = log.step_time_s;
   if (log.format == "ftexec-measured/1" && log.measured.is_object() && log.measured.contains("step_time_s") &&
       log.measured["step_time_s"].is_number())
     step = log.measured["step_time_s"].get<double>();
+  if (statistic == "min") {
+    if (log.format != "ftexec-measured/1" || !log.measured.contains("step_times_s") || !log.measured["step_times_s"].is_array() ||
+        log.measured["step_times_s"].empty())
+      fail_input("--step-time min: " + log.path + " has no per-step times (ftexec's step_times_s)");
+    double best = 0;
+    for (const auto& t : log.measured["step_times_s"]) {
+      if (!t.is_number()) fail_input(log.path + ": step_times_s: expected numbers");
+      const double v = t.get<double>();
+      if (best == 0 || v < best) best = v;
+    }
+    step = best;
+  }
   if (!step) fail_input(log.path + ": the log has no step time (" + log.format + "): nothing to calibrate against");
   run.measured_step_s = *step;
   if (!(run.measured_step_s > 0) || !std::isfinite(run.measured_step_s)) fail_input(log.path + ": step_time_s must be > 0");

@@ -3,7 +3,7 @@
 // calibrate`), in one file format that `--calibration FILE` applies to plan, check, sweep and simulate.
 //
 // The parameters (hardware_spec.h EfficiencyModel, and the hwdb bandwidths they scale):
-//   gemm_efficiency        achieved / peak at a GEMM's smallest dimension 64, 512 and 4096
+//   gemm_efficiency        achieved / peak at a GEMM's smallest dimension 16, 64, 512 and 4096
 //                          (log2-interpolated between, held beyond: compute_model.h piece_rates)
 //   attention_efficiency   the attention core (QK^T, softmax, P·V)
 //   optimizer_bandwidth_factor   the AdamW pass's achieved / hbm_bandwidth_bytes_per_s
@@ -71,7 +71,11 @@ struct CalibrationRun {
 // A run from its log: ftexec's measured.json carries its job; another stack's log (run_logs.h) needs
 // the plan it ran (`plan`, from `ftplan plan -o`), whose job it takes, checked against what the log
 // names (InputError naming the fields unless `force`). InputError when the log has no step time.
-CalibrationRun calibration_run(const RunLog& log, const nlohmann::json* plan, bool force);
+// `statistic`: "logged" takes the log's step time as written (ftexec: the median after warm-up);
+// "min" the fastest step ftexec logged (step_times_s), the estimate least disturbed by other work on a
+// shared machine (other logs have one figure: "min" is refused for them).
+CalibrationRun calibration_run(const RunLog& log, const nlohmann::json* plan, bool force,
+                               const std::string& statistic = "logged");
 
 // The step time the model predicts for the run on `hw` (already calibrated or not), seconds.
 double predict_run_step_s(const CalibrationRun& run, const HardwareSpec& hw);

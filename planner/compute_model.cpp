@@ -64,11 +64,12 @@ double compute_efficiency(const HardwareSpec& hw, const TrainingSetup& setup) {
 }
 
 double gemm_efficiency(const EfficiencyModel& eff, double fallback, double smallest_dim) {
-  if (eff.gemm.size() != 3) return fallback;
+  if (eff.gemm.size() != size_t(kGemmAnchors)) return fallback;
   const double d = std::max(1.0, smallest_dim);
   if (d <= kGemmAnchorDims[0]) return eff.gemm[0];
-  if (d >= kGemmAnchorDims[2]) return eff.gemm[2];
-  const int i = d < kGemmAnchorDims[1] ? 0 : 1;
+  if (d >= kGemmAnchorDims[kGemmAnchors - 1]) return eff.gemm[kGemmAnchors - 1];
+  int i = 0;
+  while (d >= kGemmAnchorDims[i + 1]) ++i;
   const double t = (std::log2(d) - std::log2(kGemmAnchorDims[i])) / (std::log2(kGemmAnchorDims[i + 1]) - std::log2(kGemmAnchorDims[i]));
   // Interpolate the time per FLOP (1 / efficiency), log-linearly in the dimension.
   return 1.0 / ((1.0 - t) / eff.gemm[i] + t / eff.gemm[i + 1]);
@@ -82,7 +83,7 @@ PieceRates piece_rates(const ModelSpec& m, const HardwareSpec& hw, const Trainin
   r.rate = peak * e;
   r.block_matmul = r.attention = r.lora = r.head = r.rate;
   const EfficiencyModel& eff = hw.efficiency;
-  if (setup.efficiency || (eff.gemm.size() != 3 && !eff.attention)) return r;
+  if (setup.efficiency || (eff.gemm.empty() && !eff.attention)) return r;
   r.uniform = false;
   r.attention = peak * eff.attention.value_or(e);
   tp = std::max<int64_t>(1, tp);

@@ -36,14 +36,16 @@ struct Topology {
 // matmul_efficiency everywhere, the hwdb bandwidths as written.
 struct EfficiencyModel {
   // GEMM efficiency (achieved / peak) at the anchors of a GEMM's smallest dimension (rows, in or out
-  // features): thin 64, medium 512, large 4096; between anchors interpolated in log2 of the dimension,
+  // features): 16 (a LoRA rank), 64, 512, 4096; between anchors interpolated in log2 of the dimension,
   // beyond them held. Empty: matmul_efficiency for every GEMM.
-  std::vector<double> gemm;             // 3 values or none
+  std::vector<double> gemm;             // kGemmAnchors values or none
   std::optional<double> attention;      // attention scores and P·V (QK^T, softmax, PV), achieved / peak
   double optimizer_bandwidth_factor = 1.0;  // the AdamW pass's achieved / hbm_bandwidth_bytes_per_s
   std::string source;                   // the calibration file applied, "" for hwdb's figures
 };
-constexpr double kGemmAnchorDims[3] = {64.0, 512.0, 4096.0};
+constexpr int kGemmAnchors = 4;
+constexpr double kGemmAnchorDims[kGemmAnchors] = {16.0, 64.0, 512.0, 4096.0};
+constexpr const char* kGemmAnchorKeys[kGemmAnchors] = {"16", "64", "512", "4096"};
 
 struct HardwareSpec {
   std::string id;                          // file stem, e.g. "a100-80gb-sxm"

@@ -60,9 +60,9 @@ std::vector<std::string> step_assumptions(const PlanContext& ctx, const Training
       eff << "; calibration " << e.source << " not used for compute (--efficiency given)";
     } else {
       eff << "; calibrated by " << e.source << ": GEMM efficiency";
-      if (e.gemm.size() == 3)
+      if (e.gemm.size() == size_t(kGemmAnchors))
         eff << " " << format_fixed(e.gemm[0], 3) << " / " << format_fixed(e.gemm[1], 3) << " / " << format_fixed(e.gemm[2], 3)
-            << " at smallest dimension 64 / 512 / 4096";
+            << " / " << format_fixed(e.gemm[3], 3) << " at smallest dimension 16 / 64 / 512 / 4096";
       else
         eff << " hwdb's";
       eff << ", attention " << (e.attention ? format_fixed(*e.attention, 3) : std::string("hwdb's"))

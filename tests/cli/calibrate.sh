@@ -46,6 +46,7 @@ g = c["parameters"]["gemm_efficiency"]
 # GEMMs are (smallest dimension <= 256); the anchors no GEMM reaches stay at the prior, not determined.
 assert 0.05 < g["64"] < 0.1, g
 assert g["4096"] == 0.3 and "gemm_efficiency.4096" not in c["determined"], (g, c["determined"])
+assert sorted(g) == ["16", "4096", "512", "64"], g
 assert "gemm_efficiency.64" in c["determined"] and "attention_efficiency" in c["determined"], c["determined"]
 assert "link_bandwidth_factor.intra_node" not in c["determined"], c["determined"]
 PY

@@ -40,7 +40,7 @@ ftplan::CalibrationRun run_of(const std::string& model, ftplan::Method method, i
 // predictions under it.
 ftplan::Calibration truth(const ftplan::HardwareSpec& hw) {
   ftplan::Calibration c = ftplan::default_calibration(hw, "fp32");
-  c.gemm_efficiency = {0.05, 0.2, 0.5};
+  c.gemm_efficiency = {0.02, 0.05, 0.2, 0.5};
   c.attention_efficiency = 0.03;
   c.optimizer_bandwidth_factor = 0.4;
   return c;
@@ -60,9 +60,10 @@ std::vector<ftplan::CalibrationRun> six_shapes(const ftplan::HardwareSpec& hw, c
 
 TEST_CASE("GEMM efficiency interpolates its anchors in log2 of the smallest dimension", "[calibration]") {
   ftplan::EfficiencyModel e;
-  e.gemm = {0.1, 0.4, 0.8};
-  CHECK(ftplan::gemm_efficiency(e, 0.5, 16) == 0.1);
-  CHECK(ftplan::gemm_efficiency(e, 0.5, 64) == 0.1);
+  e.gemm = {0.05, 0.1, 0.4, 0.8};
+  CHECK(ftplan::gemm_efficiency(e, 0.5, 8) == 0.05);
+  CHECK(ftplan::gemm_efficiency(e, 0.5, 16) == 0.05);
+  CHECK(ftplan::gemm_efficiency(e, 0.5, 64) == Approx(0.1));
   CHECK(ftplan::gemm_efficiency(e, 0.5, 512) == Approx(0.4));
   CHECK(ftplan::gemm_efficiency(e, 0.5, 8192) == 0.8);
   // Halfway (in log2) between 64 and 512: the time per FLOP is the mean of the two anchors'.
@@ -73,17 +74,19 @@ TEST_CASE("GEMM efficiency interpolates its anchors in log2 of the smallest dime
 
 TEST_CASE("fit_gemm_anchors recovers the anchors from timed GEMMs", "[calibration]") {
   ftplan::EfficiencyModel e;
-  e.gemm = {0.07, 0.3, 0.65};
+  e.gemm = {0.02, 0.07, 0.3, 0.65};
   std::vector<std::pair<double, double>> points;
-  for (double d : {32.0, 64.0, 100.0, 200.0, 512.0, 900.0, 2048.0, 4096.0}) points.emplace_back(d, ftplan::gemm_efficiency(e, 0, d));
+  for (double d : {8.0, 16.0, 32.0, 64.0, 100.0, 200.0, 512.0, 900.0, 2048.0, 4096.0})
+    points.emplace_back(d, ftplan::gemm_efficiency(e, 0, d));
   const auto fitted = ftplan::fit_gemm_anchors(points);
-  REQUIRE(fitted.size() == 3);
-  CHECK(fitted[0] == Approx(0.07).epsilon(0.01));
-  CHECK(fitted[1] == Approx(0.3).epsilon(0.01));
-  CHECK(fitted[2] == Approx(0.65).epsilon(0.01));
+  REQUIRE(fitted.size() == 4);
+  CHECK(fitted[0] == Approx(0.02).epsilon(0.01));
+  CHECK(fitted[1] == Approx(0.07).epsilon(0.01));
+  CHECK(fitted[2] == Approx(0.3).epsilon(0.01));
+  CHECK(fitted[3] == Approx(0.65).epsilon(0.01));
   // No point beyond 512: the large anchor takes its neighbour's value.
-  const auto held = ftplan::fit_gemm_anchors({{64, 0.1}, {512, 0.2}});
-  CHECK(held[2] == Approx(0.2).epsilon(0.02));
+  const auto held = ftplan::fit_gemm_anchors({{16, 0.05}, {64, 0.1}, {512, 0.2}});
+  CHECK(held[3] == Approx(0.2).epsilon(0.02));
   CHECK_THROWS_AS(ftplan::fit_gemm_anchors({}), ftplan::InputError);
 }
 
@@ -96,7 +99,7 @@ TEST_CASE("the hwdb's own figures as a calibration predict what no calibration d
   }
   // A slower GEMM makes the step slower: the calibration reaches the prediction.
   ftplan::Calibration slow = ftplan::default_calibration(hw, "fp32");
-  slow.gemm_efficiency = {0.03, 0.03, 0.03};
+  slow.gemm_efficiency = {0.03, 0.03, 0.03, 0.03};
   const auto r = run_of("qwen2-0.5b", ftplan::Method::full, 256, 1);
   CHECK(ftplan::predict_run_step_s(r, ftplan::apply_calibration(hw, slow, "slow")) > 5 * ftplan::predict_run_step_s(r, hw));
 }
@@ -118,7 +121,9 @@ TEST_CASE("the fit recovers a known machine's parameters from six runs", "[calib
   CHECK(fit.intra_node_bandwidth_factor == Approx(1.0));
   CHECK(std::find(fit.determined.begin(), fit.determined.end(), "link_bandwidth_factor.intra_node") == fit.determined.end());
   CHECK(std::find(fit.determined.begin(), fit.determined.end(), "attention_efficiency") != fit.determined.end());
-  CHECK(*fit.attention_efficiency == Approx(0.03).epsilon(0.1));
+  // Six runs for six free parameters (four GEMM anchors, attention, optimizer): the predictions are
+  // pinned, the split between attention and the thin GEMMs only roughly (here within 25%).
+  CHECK(*fit.attention_efficiency == Approx(0.03).epsilon(0.25));
 
   const nlohmann::json loo = ftplan::calibrate_leave_one_out(runs, hw, prior);
   REQUIRE(loo["runs"].size() == 6);
