@@ -14,7 +14,7 @@ std::vector<std::vector<UnitTensor>> model_units(LlamaModel& m, bool with_nf4) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     std::vector<UnitTensor> u;
     u.push_back({p + "input_layernorm.weight", &b.input_layernorm});
-    for (const auto& shape : ftplan::block_linears(m.spec)) {
+    for (const auto& shape : layer_dense_linears(m.spec, static_cast<int64_t>(l))) {
       Linear& lin = block_linear(b, shape.name);
       const std::string q = p + block_linear_prefix(shape.name) + shape.name;
       if (lin.weight.defined()) u.push_back({q + ".weight", &lin.weight});  // (not when held in NF4)
@@ -29,6 +29,7 @@ std::vector<std::vector<UnitTensor>> model_units(LlamaModel& m, bool with_nf4) {
         u.push_back({q + ".lora_B.weight", &lin.lora->b});
       }
     }
+    for (const auto& [name, slot] : block_extra_tensors(b, m.spec)) u.push_back({p + name, slot});  // q/k norms, experts
     u.push_back({p + "post_attention_layernorm.weight", &b.post_attention_layernorm});
     units.push_back(std::move(u));
   }
@@ -172,6 +173,9 @@ std::unique_ptr<DistStrategy> make_dist_strategy(LlamaModel& model, Comm& comm, 
   if (p.tp != 1 || p.cp != 1 || p.ep != 1 || p.sequence_parallel)
     ftplan::fail_input("parallel layout " + ftplan::name(p) + ": ftexec runs no tensor, context or expert parallelism yet");
   if (p.pipelined()) {
+    if (model.moe_aux.enabled)
+      ftplan::fail_input("--moe-aux-loss (moe.aux_loss): the load-balancing loss over every stage's router logits is not "
+                         "implemented for pipelines (layout " + ftplan::name(p) + "); run without it (--moe-aux-loss false)");
     if (p.dp() != 1 || p.sharding != ftplan::Sharding::none)
       ftplan::fail_input("parallel layout " + ftplan::name(p) + ": ftexec runs a pipeline without data parallelism yet");
     return strategies::make_pipeline(model, comm, o);
