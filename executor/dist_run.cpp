@@ -326,7 +326,8 @@ struct SavePlan {
 SavePlan save_plan(const LlamaModel& model, ftplan::Method method) {
   SavePlan plan;
   plan.adapter = method != ftplan::Method::full;
-  for (const auto& [name, t] : plan.adapter ? lora_named_parameters(model) : llama_named_parameters(model))
+  // (Stacked expert tensors as one tensor per expert, the names a Hugging Face checkpoint holds.)
+  for (const auto& [name, t] : checkpoint_tensors(plan.adapter ? lora_named_parameters(model) : llama_named_parameters(model)))
     plan.layout.push_back({name, safetensors_dtype_of(t.scalar_type()), t.sizes().vec()});
   return plan;
 }
@@ -354,7 +355,7 @@ nlohmann::json save_trained(const ExecJob& job, const SavePlan& plan, DistStrate
   int64_t tensors = 0;
   try {
     strategy.gather_trainable([&](const std::vector<std::pair<std::string, at::Tensor>>& unit) {
-      for (const auto& [name, t] : unit) {
+      for (const auto& [name, t] : checkpoint_tensors(unit)) {
         const at::Tensor cpu = t.detach().to(at::kCPU).contiguous();
         writer->write(plan.saved_name(name), safetensors_dtype_of(cpu.scalar_type()), cpu.data_ptr(), cpu.nbytes());
         ++tensors;
@@ -410,6 +411,7 @@ nlohmann::json run_rank(const ExecJob& job, const DistEnv& env, const DistOption
   mo.device = at::Device(device);
   mo.checkpointing = s.checkpointing == ftplan::Checkpointing::full;
   mo.use_sdpa = s.attention == ftplan::Attention::fused && compat::kHasSdpa;
+  mo.moe_aux_loss = s.moe.aux_loss;
   nlohmann::json notes = nlohmann::json::array();
   if (s.attention == ftplan::Attention::fused && !compat::kHasSdpa)
     notes.push_back(std::string("attention fused requested, but libtorch ") + compat::torch_version() +
@@ -456,6 +458,7 @@ nlohmann::json run_rank(const ExecJob& job, const DistEnv& env, const DistOption
   MemoryReading after;
   Position pos;
   int64_t first_step = 0, save_extra_bytes = 0;
+  double moe_capacity_factor = 0;  // a mixture of experts: the padding its batched GEMMs ran (executor/moe.h)
   nlohmann::json saved = nullptr;
   compat::cuda_synchronize();
   const int64_t baseline_bytes = cuda ? 0 : memory_read(device).current_bytes;  // tensors not ours (CPU)
@@ -529,6 +532,7 @@ nlohmann::json run_rank(const ExecJob& job, const DistEnv& env, const DistOption
     }
     comm_stats = total_stats(*comm, strategy.get());
     group_stats = strategy->group_stats();
+    moe_capacity_factor = model.moe_aux.max_capacity_factor;
     compat::cuda_synchronize();
     after = memory_read(device);
     parts = strategy->state_bytes();
@@ -614,6 +618,7 @@ nlohmann::json run_rank(const ExecJob& job, const DistEnv& env, const DistOption
                     {"alloc_retries", after.alloc_retries}};
   }
   if (!job.save_dir.empty()) mine["save_peak_extra_bytes"] = save_extra_bytes;
+  if (job.model.moe.active()) mine["moe_capacity_factor"] = moe_capacity_factor;
   comm->store_set("result/" + std::to_string(rank), mine.dump());
   comm->barrier();
   if (rank != 0) return nullptr;

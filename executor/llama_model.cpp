@@ -18,6 +18,7 @@
 #include "executor/torch_compat.h"
 #include "planner/errors.h"
 #include "planner/json_fields.h"
+#include "planner/model_family.h"
 
 namespace ftexec {
 namespace fs = std::filesystem;
@@ -96,8 +97,13 @@ at::Tensor attention(LlamaModel& m, const LlamaBlock& blk, const at::Tensor& x) 
   const auto& s = m.spec;
   const int64_t B = x.size(0), S = x.size(1), H = s.num_heads, KV = s.num_kv_heads, d = s.head_dim;
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-  at::Tensor q = linear(blk.q_proj, x, m.training).view({B, S, H, d}).transpose(1, 2);
-  at::Tensor k = linear(blk.k_proj, x, m.training).view({B, S, KV, d}).transpose(1, 2);
+  at::Tensor q = linear(blk.q_proj, x, m.training).view({B, S, H, d});
+  at::Tensor k = linear(blk.k_proj, x, m.training).view({B, S, KV, d});
+  // Qwen3Attention: q_norm / k_norm, RMSNorms over head_dim, on the heads before RoPE.
+  if (blk.q_norm.defined()) q = rms_norm(q, blk.q_norm, s.rms_norm_eps);
+  if (blk.k_norm.defined()) k = rms_norm(k, blk.k_norm, s.rms_norm_eps);
+  q = q.transpose(1, 2);
+  k = k.transpose(1, 2);
   at::Tensor v = linear(blk.v_proj, x, m.training).view({B, S, KV, d}).transpose(1, 2);
   q = apply_rope(q, m.rope_cos, m.rope_sin);
   k = apply_rope(k, m.rope_cos, m.rope_sin);
@@ -128,7 +134,8 @@ at::Tensor attention(LlamaModel& m, const LlamaBlock& blk, const at::Tensor& x) 
   return linear(blk.o_proj, out, m.training);
 }
 
-at::Tensor mlp(const LlamaModel& m, const LlamaBlock& blk, const at::Tensor& x) {
+at::Tensor mlp(LlamaModel& m, const LlamaBlock& blk, const at::Tensor& x, int64_t layer) {
+  if (blk.moe) return moe_forward(*blk.moe, m.spec, x, m.moe_aux, layer);
   at::Tensor h = at::silu(linear(blk.gate_proj, x, m.training)) * linear(blk.up_proj, x, m.training);
   return linear(blk.down_proj, h, m.training);
 }
@@ -140,6 +147,9 @@ std::vector<at::Tensor> block_trainable_tensors(const LlamaBlock& blk) {
   };
   add(blk.input_layernorm);
   add(blk.post_attention_layernorm);
+  add(blk.q_norm);
+  add(blk.k_norm);
+  if (blk.moe) add(blk.moe->gate), add(blk.moe->gate_proj), add(blk.moe->up_proj), add(blk.moe->down_proj);
   for (const char* name : kLinearNames) {
     const Linear& l = block_linear(blk, name);
     add(l.weight);
@@ -249,6 +259,40 @@ std::string block_linear_prefix(const std::string& module) {
   return (module == "gate_proj" || module == "up_proj" || module == "down_proj") ? "mlp." : "self_attn.";
 }
 
+std::vector<ftplan::LinearShape> layer_dense_linears(const ftplan::ModelSpec& spec, int64_t layer) {
+  std::vector<ftplan::LinearShape> out;
+  for (const auto& lin : ftplan::layer_linears(spec, moe_layer(spec, layer)))
+    if (lin.role != ftplan::LinearRole::router && !ftplan::is_expert_role(lin.role)) out.push_back(lin);
+  return out;
+}
+
+std::vector<std::pair<std::string, at::Tensor*>> block_extra_tensors(LlamaBlock& b, const ftplan::ModelSpec& spec) {
+  std::vector<std::pair<std::string, at::Tensor*>> out;
+  if (b.q_norm.defined()) out.emplace_back("self_attn.q_norm.weight", &b.q_norm);
+  if (b.k_norm.defined()) out.emplace_back("self_attn.k_norm.weight", &b.k_norm);
+  if (b.moe)
+    for (const auto& t : moe_named_tensors(*b.moe, spec)) out.push_back(t);
+  return out;
+}
+
+std::vector<std::pair<std::string, std::vector<int64_t>>> block_extra_shapes(const ftplan::ModelSpec& spec, int64_t layer) {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> out;
+  if (spec.qk_norm == ftplan::QkNorm::per_head) {
+    out.push_back({"self_attn.q_norm.weight", {spec.head_dim}});
+    out.push_back({"self_attn.k_norm.weight", {spec.head_dim}});
+  }
+  if (moe_layer(spec, layer))
+    for (const auto& t : moe_tensor_shapes(spec)) out.push_back(t);
+  return out;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> checkpoint_tensors(const std::vector<std::pair<std::string, at::Tensor>>& named) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& [name, t] : named)
+    for (auto& e : moe_checkpoint_tensors(name, t)) out.push_back(std::move(e));
+  return out;
+}
+
 std::vector<double> rope_inv_freq(const ftplan::ModelSpec& s, int64_t seq_len) {
   const int64_t d = s.head_dim;
   const auto& rs = s.rope_scaling;
@@ -288,6 +332,15 @@ LlamaModel llama_create(const ftplan::ModelSpec& spec, const ModelOptions& optio
   if (spec.num_heads % spec.num_kv_heads != 0)
     ftplan::fail_input(spec.name + ": num_attention_heads (" + std::to_string(spec.num_heads) +
                        ") is not a multiple of num_key_value_heads (" + std::to_string(spec.num_kv_heads) + ")");
+  if (spec.qk_norm == ftplan::QkNorm::whole_projection || spec.fused_qkv || spec.fused_gate_up || spec.mla.active() ||
+      spec.norm_post_attention || !spec.norm_pre_attention || spec.norm_scale_fp32 || spec.scaled_embedding ||
+      spec.attention_sinks || spec.attn_logit_softcapping > 0 || spec.final_logit_softcapping > 0 ||
+      spec.hidden_act != "silu" || (spec.moe.active() && (spec.moe.shared_intermediate_size > 0 ||
+                                                           spec.moe.fused_expert_params || spec.moe.expert_bias ||
+                                                           !spec.moe.router_module || spec.moe.router_bias ||
+                                                           spec.moe.router_score_bias)))
+    ftplan::fail_input(spec.name + ": model_type " + spec.model_type + ": ftexec does not build this family's block (it "
+                       "trains " + ftplan::executor_family_list() + ")");
   LlamaModel m;
   m.spec = spec;
   m.options = options;
@@ -307,13 +360,26 @@ LlamaModel llama_create(const ftplan::ModelSpec& spec, const ModelOptions& optio
     LlamaBlock b;
     b.input_layernorm = fill({h}, 1.0);
     b.post_attention_layernorm = fill({h}, 1.0);
-    for (const auto& shape : ftplan::block_linears(spec)) {
+    for (const auto& shape : layer_dense_linears(spec, l)) {
       Linear& lin = block_linear(b, shape.name);
       lin.weight = normal({shape.out_features, shape.in_features});
       if (shape.bias) lin.bias = fill({shape.out_features}, 0.0);
     }
+    if (moe_layer(spec, l)) b.moe = std::make_shared<MoeBlock>();
+    // q/k norms start at 1, the router and the experts N(0, 0.02) as every linear (HF _init_weights).
+    for (const auto& [name, shape] : block_extra_shapes(spec, l)) {
+      at::Tensor t = name.find("norm") != std::string::npos ? fill(shape, 1.0) : normal(shape);
+      if (name == "self_attn.q_norm.weight") b.q_norm = t;
+      else if (name == "self_attn.k_norm.weight") b.k_norm = t;
+      else
+        for (auto& [n, slot] : moe_named_tensors(*b.moe, spec))
+          if (n == name) *slot = t;
+    }
     m.layers.push_back(std::move(b));
   }
+  m.moe_aux.enabled = spec.moe.active() && options.moe_aux_loss.value_or(spec.moe.output_router_logits);
+  m.moe_aux.coef = spec.moe.aux_loss_coef;
+  m.moe_aux.top_k = std::max<int64_t>(1, spec.moe.top_k);
   m.norm = fill({h}, 1.0);
   if (!spec.tie_word_embeddings) m.lm_head = normal({spec.vocab_size, h});
   return m;
@@ -332,6 +398,7 @@ std::vector<std::pair<std::string, at::Tensor>> llama_named_parameters(const Lla
       if (lin.weight.defined()) out.emplace_back(q + ".weight", lin.weight);
       if (lin.bias.defined()) out.emplace_back(q + ".bias", lin.bias);
     }
+    for (const auto& [name, slot] : block_extra_tensors(const_cast<LlamaBlock&>(b), m.spec)) out.emplace_back(p + name, *slot);
     out.emplace_back(p + "post_attention_layernorm.weight", b.post_attention_layernorm);
   }
   out.emplace_back("model.norm.weight", m.norm);
@@ -343,7 +410,7 @@ void llama_quantize_nf4(LlamaModel& m) {
   for (auto& b : m.layers)
     for (const char* name : kLinearNames) {
       Linear& lin = block_linear(b, name);
-      if (lin.nf4) continue;
+      if (lin.nf4 || !lin.weight.defined()) continue;
       lin.nf4 = std::make_shared<Nf4Tensor>(nf4_quantize(lin.weight));
       lin.weight = at::Tensor();
     }
@@ -364,11 +431,13 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> llama_expected_tensors
   for (int64_t l = 0; l < s.num_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     out.push_back({p + "input_layernorm.weight", {h}});
-    for (const auto& lin : ftplan::block_linears(s)) {
+    for (const auto& lin : layer_dense_linears(s, l)) {
       const std::string q = p + block_linear_prefix(lin.name) + lin.name;
       out.push_back({q + ".weight", {lin.out_features, lin.in_features}});
       if (lin.bias) out.push_back({q + ".bias", {lin.out_features}});
     }
+    for (const auto& [name, shape] : block_extra_shapes(s, l))
+      for (auto& e : moe_checkpoint_shapes(p + name, shape)) out.push_back(std::move(e));
     out.push_back({p + "post_attention_layernorm.weight", {h}});
   }
   out.push_back({"model.norm.weight", {h}});
@@ -478,7 +547,7 @@ void llama_load_weights(LlamaModel& m, const std::string& path_in) {
     ftplan::fail_input(msg);
   }
   at::NoGradGuard no_grad;
-  for (auto& [name, param] : llama_named_parameters(m)) {
+  for (auto& [name, param] : checkpoint_tensors(llama_named_parameters(m))) {
     at::Tensor p = param;
     p.copy_(tensor_view_of(*found.at(name)));
   }
@@ -490,7 +559,7 @@ void llama_save_weights(const LlamaModel& m, const std::string& dir) {
   if (ec) throw std::runtime_error("--save " + dir + ": cannot create the folder (" + ec.message() + ")");
   std::vector<at::Tensor> keep;
   std::vector<SafetensorsEntry> entries;
-  for (const auto& [name, t] : llama_named_parameters(m)) {
+  for (const auto& [name, t] : checkpoint_tensors(llama_named_parameters(m))) {
     keep.push_back(t.detach().to(at::kCPU).contiguous());
     entries.push_back(safetensors_entry(name, keep.back()));
   }
@@ -503,7 +572,7 @@ at::Tensor llama_block_forward(LlamaModel& m, int64_t layer, const at::Tensor& x
   const LlamaBlock& blk = m.layers[layer];
   const double eps = m.spec.rms_norm_eps;
   at::Tensor h = x + attention(m, blk, rms_norm(x, blk.input_layernorm, eps));
-  return h + mlp(m, blk, rms_norm(h, blk.post_attention_layernorm, eps));
+  return h + mlp(m, blk, rms_norm(h, blk.post_attention_layernorm, eps), layer);
 }
 
 at::Tensor llama_block_apply(LlamaModel& m, int64_t layer, const at::Tensor& x) {
@@ -529,7 +598,10 @@ at::Tensor llama_head_loss(LlamaModel& m, const at::Tensor& h, const at::Tensor&
     at::Tensor logits = at::linear(rms_norm(h, m.norm, m.spec.rms_norm_eps), m.head_weight());
     logprobs = at::log_softmax(logits.to(at::kFloat), -1);
   }
-  return at::nll_loss(logprobs.view({-1, m.spec.vocab_size}), labels.reshape({-1}), {}, at::Reduction::Mean, -100);
+  at::Tensor loss = at::nll_loss(logprobs.view({-1, m.spec.vocab_size}), labels.reshape({-1}), {}, at::Reduction::Mean, -100);
+  // transformers' MoE ForCausalLM: loss += router_aux_loss_coef * load_balancing_loss_func(router_logits, ...).
+  if (m.moe_aux.enabled) loss = loss + moe_aux_loss(m.moe_aux, h);
+  return loss;
 }
 
 at::Tensor llama_hidden(LlamaModel& m, const at::Tensor& input_ids) {

@@ -1,7 +1,9 @@
-// A Llama-family decoder (Llama 2/3/3.1/3.2, Mistral, Qwen2 layouts) in LibTorch, built from the
-// same ftplan::ModelSpec the planner reads: RMSNorm, RoPE (default, linear, dynamic and llama3
-// scaling), GQA attention, SwiGLU MLP, tied or untied head, biases as the config says. Parameters
-// carry Hugging Face's names so safetensors load and save without a mapping table.
+// A Llama-family decoder (Llama 2/3/3.1/3.2, Mistral, Qwen2, Qwen3 and Qwen3-MoE layouts) in LibTorch,
+// built from the same ftplan::ModelSpec the planner reads: RMSNorm, RoPE (default, linear, dynamic and
+// llama3 scaling), GQA attention, per-head q/k RMSNorms where the spec has them (Qwen3), SwiGLU MLP or a
+// mixture of experts (executor/moe.h) per layer, tied or untied head, biases as the config says.
+// Parameters carry Hugging Face's names so safetensors load and save without a mapping table (stacked
+// expert tensors are split into one tensor per expert by moe_checkpoint_tensors).
 //
 // The forward keeps exactly the tensors listed at the top of planner/activation_memory.h for
 // backward (the measured CPU peak is checked against the planner's formula in the tests):
@@ -20,6 +22,7 @@
 
 #include <ATen/ATen.h>
 
+#include "executor/moe.h"
 #include "executor/nf4.h"
 #include "executor/safetensors.h"
 #include "planner/model_spec.h"
@@ -45,8 +48,11 @@ struct Linear {
 struct LlamaBlock {
   at::Tensor input_layernorm;           // [hidden]
   Linear q_proj, k_proj, v_proj, o_proj;
+  at::Tensor q_norm, k_norm;            // [head_dim] each, Qwen3's per-head RMSNorms (self_attn.q_norm.weight);
+                                        // undefined without (ModelSpec::qk_norm none)
   at::Tensor post_attention_layernorm;  // [hidden]
-  Linear gate_proj, up_proj, down_proj;
+  Linear gate_proj, up_proj, down_proj; // the dense MLP; weights undefined in a MoE layer
+  std::shared_ptr<MoeBlock> moe;        // a MoE layer's router and experts (executor/moe.h), else null
 };
 
 struct ModelOptions {
@@ -54,6 +60,8 @@ struct ModelOptions {
   at::Device device = at::kCPU;
   bool use_sdpa = false;              // fused attention; only where compat::kHasSdpa
   bool checkpointing = false;         // keep each block's input only, recompute it in backward
+  std::optional<bool> moe_aux_loss;   // the load-balancing loss (job key moe.aux_loss); unset: the config's
+                                      // output_router_logits, as transformers
 };
 
 struct TensorParallel;  // executor/tensor_parallel.h
@@ -76,6 +84,7 @@ struct LlamaModel {
   // (sequence parallelism: tp).
   std::shared_ptr<TensorParallel> tp;
   int64_t seq_shards = 1;
+  MoeAux moe_aux;                 // the MoE layers' routing of the last forward (load-balancing loss)
 
   const at::Tensor& head_weight() const { return lm_head.defined() ? lm_head : embed_tokens; }
 };
@@ -93,10 +102,22 @@ void llama_quantize_nf4(LlamaModel& model);
 int64_t llama_nf4_bytes(const LlamaModel& model);
 
 // The base parameters by Hugging Face name, in a fixed order (adapters and NF4 weights are not
-// included).
+// included). A stacked expert tensor is named with "*" for the expert index; checkpoint_tensors()
+// gives what a checkpoint holds.
 std::vector<std::pair<std::string, at::Tensor>> llama_named_parameters(const LlamaModel& model);
-// The names and shapes a checkpoint of this config must hold.
+// The names and shapes a checkpoint of this config must hold (one tensor per expert).
 std::vector<std::pair<std::string, std::vector<int64_t>>> llama_expected_tensors(const ftplan::ModelSpec& spec);
+// Named tensors as a Hugging Face checkpoint holds them: stacked expert tensors split into per-expert views.
+std::vector<std::pair<std::string, at::Tensor>> checkpoint_tensors(const std::vector<std::pair<std::string, at::Tensor>>& named);
+
+// The linears of one layer that ftexec holds as Linear (q, k, v, o and, in a dense layer, gate, up and
+// down; a MoE layer's router and experts are its MoeBlock), as the planner describes them.
+std::vector<ftplan::LinearShape> layer_dense_linears(const ftplan::ModelSpec& spec, int64_t layer);
+
+// The block's other tensors by name inside the layer ("self_attn.q_norm.weight", "mlp.gate.weight",
+// "mlp.experts.*.gate_proj.weight", ...), beside the norms and the Linear ones, and their shapes.
+std::vector<std::pair<std::string, at::Tensor*>> block_extra_tensors(LlamaBlock& block, const ftplan::ModelSpec& spec);
+std::vector<std::pair<std::string, std::vector<int64_t>>> block_extra_shapes(const ftplan::ModelSpec& spec, int64_t layer);
 
 // The seven linears of one block by module name ("q_proj", ..., "down_proj") and their HF prefix
 // inside the block ("self_attn." or "mlp.").

@@ -16,11 +16,19 @@ namespace fs = std::filesystem;
 void lora_attach(LlamaModel& m, const ftplan::LoraSpec& lora, uint64_t seed) {
   if (lora.rank < 1) ftplan::fail_input("--lora-rank: must be at least 1, got " + std::to_string(lora.rank));
   if (lora.targets.empty()) ftplan::fail_input("--lora-targets: no target modules");
-  for (const auto& t : lora.targets) (void)block_linear(m.layers.at(0), t);  // InputError naming an unknown one
+  for (const auto& t : lora.targets) {
+    // A MoE layer's router and experts are no Linear here: one adapter per expert is not implemented.
+    for (const auto& lin : ftplan::model_linears(m.spec))
+      if (lin.name == t && (lin.role == ftplan::LinearRole::router || ftplan::is_expert_role(lin.role)))
+        ftplan::fail_input("--lora-targets (lora.targets) " + t + ": LoRA on a mixture of experts' router or routed "
+                           "experts is not implemented by ftexec (target the attention linears, e.g. q_proj,k_proj,v_proj,o_proj)");
+    (void)block_linear(m.layers.at(0), t);  // InputError naming an unknown one
+  }
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed ^ 0x4c6f5241u);  // "LoRA": apart from the base init
   const auto target = at::TensorOptions().dtype(m.options.dtype).device(m.options.device);
-  for (auto& block : m.layers) {
-    for (const auto& shape : ftplan::block_linears(m.spec)) {
+  for (size_t l = 0; l < m.layers.size(); ++l) {
+    auto& block = m.layers[l];
+    for (const auto& shape : layer_dense_linears(m.spec, static_cast<int64_t>(l))) {
       bool targeted = false;
       for (const auto& t : lora.targets) targeted |= (t == shape.name);
       if (!targeted) continue;
@@ -39,7 +47,7 @@ void lora_attach(LlamaModel& m, const ftplan::LoraSpec& lora, uint64_t seed) {
 std::vector<std::pair<std::string, at::Tensor>> lora_named_parameters(const LlamaModel& m) {
   std::vector<std::pair<std::string, at::Tensor>> out;
   for (size_t l = 0; l < m.layers.size(); ++l) {
-    for (const auto& shape : ftplan::block_linears(m.spec)) {
+    for (const auto& shape : layer_dense_linears(m.spec, static_cast<int64_t>(l))) {
       const Linear& lin = block_linear(m.layers[l], shape.name);
       if (!lin.lora) continue;
       const std::string p = "base_model.model.model.layers." + std::to_string(l) + "." +

@@ -134,11 +134,11 @@ const std::vector<Row>& rows() {
              [](T& s, const F& f, const J& v, const S& n) { s.moe.imbalance_factor = field_number(f, v, n); }),
       number("moe.capacity_factor", "--moe-capacity-factor", 0, 1e6, true, false, "x balanced",
              "Mixture of experts: capacity-limited routing instead of dropless, each expert padded to this many times "
-             "its balanced tokens (GShard, DeepSpeed-MoE; default: dropless)", kJobPlan,
+             "its balanced tokens (GShard, DeepSpeed-MoE; default: dropless)", kJob,
              [](T& s, const F& f, const J& v, const S& n) { s.moe.capacity_factor = field_number(f, v, n); }),
       text(FieldType::boolean, "moe.aux_loss", "--moe-aux-loss", "",
            "Mixture of experts: the load-balancing loss over every layer's router logits (default: the config's "
-           "output_router_logits, as transformers does)", kJobPlan,
+           "output_router_logits, as transformers does)", kJob,
            [](T& s, const F& f, const J& v, const S& n) { s.moe.aux_loss = field_bool(f, v, n); }),
       text(FieldType::boolean, "activation_offload", "--activation-offload", "",
            "Activations kept in host memory between forward and backward (torchtune)", kJobPlan,
@@ -524,8 +524,18 @@ std::vector<std::string> exec_problems(const TrainingSetup& s, const ModelSpec& 
   if (s.compile) problems.push_back("--compile (compile): ftexec does not compile");
   const ModelFamily* family = find_model_family(model.model_type);
   if (!family || !family->executor_runs || !model.wrapper_type.empty())
-    problems.push_back("--model (model) " + (model.wrapper_type.empty() ? model.model_type : model.wrapper_type) +
-                       ": ftexec runs the Llama block (llama, mistral, qwen2)");
+    problems.push_back("--model (model) model_type " + (model.wrapper_type.empty() ? model.model_type : model.wrapper_type) +
+                       ": ftexec trains " + executor_family_list() + " (not yet this family)");
+  if (model.moe.active()) {
+    if (model.moe.shared_intermediate_size > 0)
+      problems.push_back("--model (model) " + model.name + ": a shared expert: ftexec runs routed experts only");
+    if (s.method == Method::qlora)
+      problems.push_back("--method (method) qlora: ftexec quantises dense block linears to NF4, not a mixture of "
+                         "experts' stacked experts");
+    if (s.moe.capacity_factor)
+      problems.push_back("--moe-capacity-factor (moe.capacity_factor): ftexec routes dropless (every expert takes all "
+                         "its tokens, padded to the busiest expert's count)");
+  }
   if (model.quantized.active())
     problems.push_back("--model (model): quantization_config " + model.quantized.method +
                        ": ftexec quantises to NF4 itself and does not load a pre-quantized checkpoint");

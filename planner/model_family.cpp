@@ -46,6 +46,7 @@ std::vector<ModelFamily> make_table() {
     f.qk_norm = QkNorm::per_head;
     f.sliding = SlidingLayers::from_max_window;
     f.default_max_window_layers = 28;
+    f.executor_runs = true;
     t.push_back(f);
   }
   {  // models/gemma2/modeling_gemma2.py: Gemma2DecoderLayer has input_, post_attention_, pre_feedforward_ and
@@ -135,6 +136,7 @@ std::vector<ModelFamily> make_table() {
     f.moe.experts_key = "num_local_experts";
     f.moe.expert_size_key = "intermediate_size";
     f.moe.expert_names = {"w1", "w3", "w2"};
+    f.moe.norm_topk_default = true;  // MixtralSparseMoeBlock: routing_weights /= routing_weights.sum(dim=-1)
     t.push_back(f);
   }
   {  // models/qwen2_moe/modeling_qwen2_moe.py: Qwen2's attention (q,k,v biases); Qwen2MoeSparseMoeBlock: gate =
@@ -167,6 +169,7 @@ std::vector<ModelFamily> make_table() {
     f.default_max_window_layers = 28;
     f.moe.experts_key = "num_experts";
     f.moe.layers = MoeLayers::sparse_step;
+    f.executor_runs = true;  // executor/moe.h: the router and the experts as stacked [E, ...] tensors
     t.push_back(f);
   }
   {  // models/gpt_oss/modeling_gpt_oss.py: GptOssAttention q,k,v,o with bias=config.attention_bias and sinks =
@@ -252,6 +255,13 @@ const ModelFamily* find_model_family(const std::string& model_type) {
 std::string model_family_list() {
   std::string s;
   for (const auto& f : table()) s += (s.empty() ? "" : ", ") + f.model_type;
+  return s;
+}
+
+std::string executor_family_list() {
+  std::string s;
+  for (const auto& f : table())
+    if (f.executor_runs) s += (s.empty() ? "" : ", ") + f.model_type;
   return s;
 }
 

@@ -74,6 +74,8 @@ struct MoeFamily {
   bool expert_bias = false;         // gpt-oss
   bool fused_expert_params = false; // gpt-oss: experts are 3D nn.Parameters, not nn.Linear
   std::string aux_coef_key = "router_aux_loss_coef";  // DeepSeek: aux_loss_alpha
+  bool norm_topk_default = false;   // norm_topk_prob when the config omits it (or has no such key): Mixtral
+                                    // renormalises always (true), Qwen2/3-MoE's config classes default to false
   bool active() const { return !experts_key.empty(); }
 };
 
@@ -105,7 +107,7 @@ struct ModelFamily {
   std::string defaults;              // JSON: transformers' config-class defaults for keys a published config
                                      // omits (applied under the config), or ""
   std::string text_config_type;      // a multimodal wrapper: the model_type of its text_config, else ""
-  bool executor_runs = false;        // ftexec's model is this block (the Llama block: llama, mistral, qwen2)
+  bool executor_runs = false;        // ftexec builds and trains this family (llama, mistral, qwen2, qwen3, qwen3_moe)
 };
 
 // The row for a model_type, or nullptr.
@@ -113,6 +115,8 @@ const ModelFamily* find_model_family(const std::string& model_type);
 
 // Every model_type with a row, in table order, e.g. "llama, mistral, qwen2, ..." (for messages).
 std::string model_family_list();
+// The model_types ftexec trains (executor_runs), e.g. "llama, mistral, qwen2, qwen3, qwen3_moe".
+std::string executor_family_list();
 
 // Keys every config may carry that describe no architecture (names, token ids, dtypes, generation
 // defaults): ignored. True for `key`.

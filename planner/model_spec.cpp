@@ -160,6 +160,8 @@ void read_moe(const nlohmann::json& c, const ModelFamily& f, const std::string& 
   e.expert_names = row.expert_names;
   e.aux_loss_coef = read_number_or(c, row.aux_coef_key.c_str(), 0.0, where, 0.0, 1e6);
   e.output_router_logits = read_bool_or(c, "output_router_logits", false, where);
+  e.norm_topk_prob = contains(f.keys, "norm_topk_prob") ? read_bool_or(c, "norm_topk_prob", row.norm_topk_default, where)
+                                                         : row.norm_topk_default;
   if (read_number_or(c, "router_jitter_noise", 0.0, where, 0.0, 1e6) != 0.0)
     fail_input(where + ": router_jitter_noise: multiplicative router noise in training is not modelled (published "
                "configs set 0.0)");

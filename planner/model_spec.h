@@ -66,6 +66,8 @@ struct MoeSpec {
   double aux_loss_coef = 0;              // router_aux_loss_coef (aux_loss_alpha), e.g. 0.02 (Mixtral)
   bool output_router_logits = false;     // the config's output_router_logits: transformers adds the load-balancing
                                          // loss in training (the job's moe.aux_loss defaults to it)
+  bool norm_topk_prob = false;           // the top-k routing weights renormalised to sum to 1, e.g. true (Mixtral
+                                         // always; Qwen3-30B-A3B's config), false (Qwen3MoeConfig's default)
 
   bool active() const { return num_experts > 0; }
   int64_t num_moe_layers() const;        // e.g. 26 of DeepSeek-V2-Lite's 27

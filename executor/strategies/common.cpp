@@ -16,7 +16,7 @@ std::vector<std::vector<UnitTensor>> model_units(LlamaModel& m, bool with_nf4) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     std::vector<UnitTensor> u;
     u.push_back({p + "input_layernorm.weight", &b.input_layernorm});
-    for (const auto& shape : ftplan::block_linears(m.spec)) {
+    for (const auto& shape : layer_dense_linears(m.spec, static_cast<int64_t>(l))) {
       Linear& lin = block_linear(b, shape.name);
       const std::string q = p + block_linear_prefix(shape.name) + shape.name;
       if (lin.weight.defined()) u.push_back({q + ".weight", &lin.weight});  // (not when held in NF4)
@@ -31,6 +31,7 @@ std::vector<std::vector<UnitTensor>> model_units(LlamaModel& m, bool with_nf4) {
         u.push_back({q + ".lora_B.weight", &lin.lora->b});
       }
     }
+    for (const auto& [name, slot] : block_extra_tensors(b, m.spec)) u.push_back({p + name, slot});  // q/k norms, experts
     u.push_back({p + "post_attention_layernorm.weight", &b.post_attention_layernorm});
     units.push_back(std::move(u));
   }
@@ -284,6 +285,9 @@ std::unique_ptr<DistStrategy> make_dist_strategy(LlamaModel& model, Comm& comm, 
   if (p.tp > 1 || (p.pipelined() && p.dp() > 1)) return std::make_unique<Composed>(model, comm, o);
   if (p.sequence_parallel) ftplan::fail_input("parallel layout " + ftplan::name(p) + ": sp=1 needs tp > 1");
   if (p.pipelined()) {
+    if (model.moe_aux.enabled)
+      ftplan::fail_input("--moe-aux-loss (moe.aux_loss): the load-balancing loss over every stage's router logits is not "
+                         "implemented for pipelines (layout " + ftplan::name(p) + "); run without it (--moe-aux-loss false)");
     if (p.dp() != 1 || p.sharding != ftplan::Sharding::none)
       ftplan::fail_input("parallel layout " + ftplan::name(p) + ": ftexec runs a pipeline without sharding");
     return strategies::make_pipeline(model, comm, o);

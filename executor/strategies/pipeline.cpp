@@ -95,7 +95,7 @@ class Pipeline final : public DistStrategy {
     // QLoRA: the NF4 weights of the other stages' blocks go too.
     for (int64_t l = 0; l < L; ++l)
       if (l < first_layer_ || l >= last_layer_)
-        for (const auto& shape : ftplan::block_linears(m.spec)) block_linear(m.layers[l], shape.name).nf4.reset();
+        for (const auto& shape : layer_dense_linears(m.spec, l)) block_linear(m.layers[l], shape.name).nf4.reset();
     adam_ = std::make_unique<AdamW>(trainable_, o.adamw, o.precision == ftplan::Precision::mixed, decay);
     tp_norm_ = tp_norm_of(m, trainable_names_, trainable_);
   }

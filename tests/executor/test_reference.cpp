@@ -47,7 +47,9 @@ using ftexec_test::ScratchDir;
 
 namespace {
 
-// One comparison: a tiny model (hidden 64, 2 layers, vocab 384, head_dim 16), batch 2 x 32.
+// One comparison: a tiny model (hidden 64, 2 layers, vocab 384, head_dim 16), batch 2 x 32. Qwen3
+// adds its per-head q/k norms; Qwen3-MoE runs 3 layers, the middle one dense (mlp_only_layers [1]), the
+// others 4 experts of width 48, top 2, with the load-balancing loss (coefficient 0.02).
 struct RefCase {
   std::string name;
   ftplan::Method method;
@@ -56,6 +58,8 @@ struct RefCase {
   bool llama3_rope;                  // rope_scaling llama3 (theta 500000, factor 8, original 256)
   bool bias;                         // attention_bias and mlp_bias
   std::string targets;               // LoRA targets as --lora-targets takes them (LoRA cases)
+  std::string model_type = "llama";  // llama, qwen3, qwen3_moe
+  bool norm_topk_prob = false;       // qwen3_moe: the top-k weights renormalised
 };
 
 const std::vector<RefCase>& ref_cases() {
@@ -65,13 +69,21 @@ const std::vector<RefCase>& ref_cases() {
       {"lora all-linear, untied, GQA 4/1, llama3 RoPE", ftplan::Method::lora, false, 1, true, false, "all-linear"},
       {"lora q,v,down, tied, GQA 4/2, default RoPE, biases", ftplan::Method::lora, true, 2, false, true,
        "q_proj,v_proj,down_proj"},
+      {"qwen3 full, untied, GQA 4/2, q/k norms, attention biases", ftplan::Method::full, false, 2, false, true, "",
+       "qwen3"},
+      {"qwen3 lora all-linear, tied, GQA 4/1, llama3 RoPE, q/k norms", ftplan::Method::lora, true, 1, true, false,
+       "all-linear", "qwen3"},
+      {"qwen3_moe full, 4 experts top 2 renormalised, a dense layer, aux loss", ftplan::Method::full, false, 2, false,
+       false, "", "qwen3_moe", true},
+      {"qwen3_moe lora q,k,v,o, tied, top 2 not renormalised, aux loss", ftplan::Method::lora, true, 2, true, false,
+       "q_proj,k_proj,v_proj,o_proj", "qwen3_moe", false},
   };
   return cases;
 }
 
 nlohmann::json case_config(const RefCase& c) {
   nlohmann::json j = {{"architectures", {"LlamaForCausalLM"}},
-                      {"model_type", "llama"},
+                      {"model_type", c.model_type},
                       {"vocab_size", 384},
                       {"hidden_size", 64},
                       {"intermediate_size", 160},
@@ -86,6 +98,21 @@ nlohmann::json case_config(const RefCase& c) {
                       {"mlp_bias", c.bias},
                       {"tie_word_embeddings", c.tied},
                       {"torch_dtype", "float32"}};
+  if (c.model_type != "llama") {
+    j.erase("mlp_bias");  // (Qwen3's MLPs have no biases, and its config no such key)
+    j["architectures"] = {c.model_type == "qwen3" ? "Qwen3ForCausalLM" : "Qwen3MoeForCausalLM"};
+  }
+  if (c.model_type == "qwen3_moe") {
+    j["num_hidden_layers"] = 3;
+    j["num_experts"] = 4;
+    j["num_experts_per_tok"] = 2;
+    j["moe_intermediate_size"] = 48;
+    j["mlp_only_layers"] = {1};
+    j["decoder_sparse_step"] = 1;
+    j["norm_topk_prob"] = c.norm_topk_prob;
+    j["router_aux_loss_coef"] = 0.02;
+    j["output_router_logits"] = true;
+  }
   // Llama 3.1's band shape at a small scale: head_dim 16 and theta 500000 give wavelengths 6, 32
   // (kept: < 256/4), 167 (interpolated: between 64 and 256) and 860 .. 6e5 (divided by 8).
   if (c.llama3_rope)
@@ -108,7 +135,7 @@ void randomize(LlamaModel& model, uint64_t seed) {
     at::Tensor p = param;
     const bool norm = name.find("norm.weight") != std::string::npos;
     const bool bias = name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
-    const double sd = norm ? 0.1 : bias ? 0.02 : 1.0 / std::sqrt(double(p.size(1)));
+    const double sd = norm ? 0.1 : bias ? 0.02 : 1.0 / std::sqrt(double(p.size(-1)));  // (experts: [E, out, in])
     p.normal_(0.0, sd, gen);
     if (norm) p.add_(1.0);
   }
@@ -187,17 +214,22 @@ Prepared prepare(const RefCase& c, const std::string& dir, uint64_t seed) {
   const auto named = c.method == ftplan::Method::full ? llama_named_parameters(model) : lora_named_parameters(model);
   REQUIRE(named.size() == trainer.trainable().size());
   out.loss = trainer.forward_backward(batch);
+  // By the names a checkpoint holds: a stacked expert tensor [E, ...] as one tensor per expert.
+  auto split = [&](size_t i, const at::Tensor& t) { return checkpoint_tensors({{named[i].first, t}}); };
   for (size_t i = 0; i < named.size(); ++i) {
     REQUIRE(named[i].second.is_same(trainer.trainable()[i]));
-    out.names.push_back(named[i].first);
-    out.grads.push_back(trainer.trainable()[i].grad().clone());
-    out.before.push_back(trainer.trainable()[i].detach().clone());
+    for (const auto& [name, g] : split(i, trainer.trainable()[i].grad())) {
+      out.names.push_back(name);
+      out.grads.push_back(g.clone());
+    }
+    for (const auto& [name, p] : split(i, trainer.trainable()[i].detach())) out.before.push_back(p.clone());
   }
   trainer.zero_grad();
   const double step_loss = trainer.step([&] { return batch; });
   REQUIRE(step_loss == out.loss);
   out.grad_norm = trainer.last_grad_norm();
-  for (const auto& t : trainer.trainable()) out.after.push_back(t.detach().clone());
+  for (size_t i = 0; i < named.size(); ++i)
+    for (const auto& [name, p] : split(i, trainer.trainable()[i].detach())) out.after.push_back(p.clone());
   std::vector<SafetensorsEntry> grads;
   for (size_t i = 0; i < out.names.size(); ++i) grads.push_back(safetensors_entry(out.names[i], out.grads[i]));
   write_safetensors(dir + "/ftexec_grads.safetensors", grads);

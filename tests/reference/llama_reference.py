@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""An independent reference for ftexec: a small Llama and PEFT-style LoRA in plain PyTorch.
+"""An independent reference for ftexec: a small Llama (and Qwen3, Qwen3-MoE) and PEFT-style LoRA in plain PyTorch.
 
 Written from the Hugging Face description of the architecture, never from ftexec's C++ model code,
 so that the test in tests/executor/test_reference.cpp compares two implementations, not one with
@@ -12,6 +12,17 @@ itself. What each piece follows (files read, commit):
                 head_dim**-0.5, additive causal mask of finfo.min, fp32 softmax), LlamaAttention
                 (q/k/v/o biases = attention_bias), LlamaMLP (down(silu(gate(x)) * up(x)), mlp_bias),
                 LlamaDecoderLayer (pre-norm residuals), LlamaForCausalLM (lm_head, tied or not).
+  transformers  src/transformers/models/qwen3/modeling_qwen3.py  @ 00d4b3d2142cb4ced2f51b90614b5d26bc045015
+                Qwen3Attention: q_norm / k_norm = Qwen3RMSNorm(head_dim) on q_proj(x).view(..., -1, head_dim)
+                and k_proj's, before the transpose and RoPE ("unlike olmo, only on the head dim").
+  transformers  src/transformers/models/qwen3_moe/modeling_qwen3_moe.py  @ 00d4b3d2142cb4ced2f51b90614b5d26bc045015
+                Qwen3MoeSparseMoeBlock (gate = Linear(hidden, num_experts); softmax in fp32, topk,
+                routing_weights /= sum when norm_topk_prob, cast back; a loop over the experts hit,
+                each a Qwen3MoeMLP(moe_intermediate_size) on its tokens times their weight, index_add_),
+                Qwen3MoeDecoderLayer (MoE when layer_idx not in mlp_only_layers and (layer_idx + 1) %
+                decoder_sparse_step == 0, else Qwen3MoeMLP(intermediate_size)), load_balancing_loss_func
+                (attention_mask None) and Qwen3MoeForCausalLM (loss += router_aux_loss_coef * aux_loss
+                when output_router_logits).
   transformers  src/transformers/modeling_rope_utils.py  @ 0044e3b3facff1a1ad60b235c69d5b45beae75a4
                 _compute_default_rope_parameters, _compute_linear_scaling_rope_parameters,
                 _compute_llama3_parameters (wavelen bands, smooth interpolation).
@@ -132,8 +143,9 @@ class Config:
     """The config.json fields a Llama uses (transformers' LlamaConfig defaults where absent)."""
 
     def __init__(self, c):
-        if c.get("model_type", "llama") not in ("llama", "mistral"):
-            raise ValueError(f"model_type {c.get('model_type')}: the reference covers llama and mistral")
+        self.model_type = c.get("model_type", "llama")
+        if self.model_type not in ("llama", "mistral", "qwen3", "qwen3_moe"):
+            raise ValueError(f"model_type {self.model_type}: the reference covers llama, mistral, qwen3 and qwen3_moe")
         if c.get("hidden_act", "silu") != "silu":
             raise ValueError(f"hidden_act {c['hidden_act']}: the reference covers silu")
         self.vocab_size = c["vocab_size"]
@@ -149,6 +161,21 @@ class Config:
         self.attention_bias = c.get("attention_bias", False)
         self.mlp_bias = c.get("mlp_bias", False)
         self.tie_word_embeddings = c.get("tie_word_embeddings", False)  # LlamaConfig's default
+        self.qk_norm = self.model_type in ("qwen3", "qwen3_moe")         # Qwen3Attention.q_norm / k_norm
+        # Qwen3MoeConfig (configuration_qwen3_moe.py) defaults where absent.
+        self.num_experts = c.get("num_experts", 0) if self.model_type == "qwen3_moe" else 0
+        self.num_experts_per_tok = c.get("num_experts_per_tok", 8)
+        self.moe_intermediate_size = c.get("moe_intermediate_size", 768)
+        self.norm_topk_prob = c.get("norm_topk_prob", False)
+        self.decoder_sparse_step = c.get("decoder_sparse_step", 1)
+        self.mlp_only_layers = c.get("mlp_only_layers", [])
+        self.router_aux_loss_coef = c.get("router_aux_loss_coef", 0.001)
+        self.output_router_logits = c.get("output_router_logits", False)
+
+    def is_moe_layer(self, layer_idx):
+        """Qwen3MoeDecoderLayer's rule."""
+        return (layer_idx not in self.mlp_only_layers and self.num_experts > 0
+                and (layer_idx + 1) % self.decoder_sparse_step == 0)
 
 
 def acc_dtype(dtype):
@@ -264,11 +291,18 @@ class Attention(nn.Module):
         self.k_proj = LoraLinear(h, self.num_kv_heads * d, cfg.attention_bias)
         self.v_proj = LoraLinear(h, self.num_kv_heads * d, cfg.attention_bias)
         self.o_proj = LoraLinear(self.num_heads * d, h, cfg.attention_bias)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
 
     def forward(self, x, cos, sin, mask):
         b, s, _ = x.shape
-        q = self.q_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)  # [B, heads, S, D]
-        k = self.k_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)  # [B, kv_heads, S, D]
+        q = self.q_proj(x).view(b, s, -1, self.head_dim)
+        k = self.k_proj(x).view(b, s, -1, self.head_dim)
+        if hasattr(self, "q_norm"):  # Qwen3: RMSNorm over head_dim, per head, before RoPE
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = q.transpose(1, 2)  # [B, heads, S, D]
+        k = k.transpose(1, 2)  # [B, kv_heads, S, D]
         v = self.v_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)
         cos, sin = cos[None, None], sin[None, None]
         q = q * cos + rotate_half(q) * sin
@@ -282,9 +316,9 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg):
+    def __init__(self, cfg, intermediate_size=None):
         super().__init__()
-        h, i = cfg.hidden_size, cfg.intermediate_size
+        h, i = cfg.hidden_size, intermediate_size or cfg.intermediate_size
         self.gate_proj = LoraLinear(h, i, cfg.mlp_bias)
         self.up_proj = LoraLinear(h, i, cfg.mlp_bias)
         self.down_proj = LoraLinear(i, h, cfg.mlp_bias)
@@ -293,24 +327,72 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-class DecoderLayer(nn.Module):
+class SparseMoeBlock(nn.Module):
+    """Qwen3MoeSparseMoeBlock: a router over num_experts MLPs, each token run by its top-k; returns the
+    output and the router logits."""
+
     def __init__(self, cfg):
         super().__init__()
+        self.num_experts = cfg.num_experts
+        self.top_k = cfg.num_experts_per_tok
+        self.norm_topk_prob = cfg.norm_topk_prob
+        self.gate = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)
+        self.experts = nn.ModuleList(MLP(cfg, cfg.moe_intermediate_size) for _ in range(cfg.num_experts))
+
+    def forward(self, x):
+        b, s, h = x.shape
+        x = x.view(-1, h)
+        router_logits = self.gate(x)
+        routing_weights = F.softmax(router_logits, dim=1, dtype=acc_dtype(x.dtype))
+        routing_weights, selected_experts = torch.topk(routing_weights, self.top_k, dim=-1)
+        if self.norm_topk_prob:
+            routing_weights = routing_weights / routing_weights.sum(dim=-1, keepdim=True)
+        routing_weights = routing_weights.to(x.dtype)
+        out = torch.zeros((b * s, h), dtype=x.dtype)
+        expert_mask = F.one_hot(selected_experts, num_classes=self.num_experts).permute(2, 1, 0)  # [E, k, T]
+        for e in range(self.num_experts):
+            idx, top_x = torch.where(expert_mask[e])
+            if top_x.numel() == 0:
+                continue
+            y = self.experts[e](x[top_x]) * routing_weights[top_x, idx, None]
+            out = out.index_add(0, top_x, y.to(x.dtype))
+        return out.view(b, s, h), router_logits
+
+
+def load_balancing_loss(router_logits, num_experts, top_k):
+    """load_balancing_loss_func with attention_mask None: over every MoE layer's logits together,
+    num_experts * sum(fraction of (token, slot) pairs per expert * mean router probability)."""
+    logits = torch.cat(router_logits, dim=0)
+    routing_weights = F.softmax(logits, dim=-1)
+    _, selected = torch.topk(routing_weights, top_k, dim=-1)
+    expert_mask = F.one_hot(selected, num_experts)
+    tokens_per_expert = torch.mean(expert_mask.to(logits.dtype), dim=0)
+    router_prob_per_expert = torch.mean(routing_weights, dim=0)
+    return torch.sum(tokens_per_expert * router_prob_per_expert.unsqueeze(0)) * num_experts
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg, layer_idx=0):
+        super().__init__()
         self.self_attn = Attention(cfg)
-        self.mlp = MLP(cfg)
+        self.mlp = SparseMoeBlock(cfg) if cfg.is_moe_layer(layer_idx) else MLP(cfg)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, cos, sin, mask):
+    def forward(self, x, cos, sin, mask, router_logits):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        y = self.mlp(self.post_attention_layernorm(x))
+        if isinstance(y, tuple):
+            y, logits = y
+            router_logits.append(logits)
+        return x + y
 
 
 class Backbone(nn.Module):  # LlamaModel
     def __init__(self, cfg):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
@@ -343,9 +425,18 @@ class LlamaForCausalLM(nn.Module):
         x = self.model.embed_tokens(input_ids)
         cos, sin = rotary_cos_sin(rope_inv_freq(self.cfg, acc_dtype(x.dtype)), s, x.dtype)
         mask = torch.full((s, s), torch.finfo(x.dtype).min, dtype=x.dtype).triu(1)
+        self.router_logits = []
         for layer in self.model.layers:
-            x = layer(x, cos, sin, mask)
+            x = layer(x, cos, sin, mask, self.router_logits)
         return self.lm_head(self.model.norm(x))
+
+    def aux_loss(self):
+        """Qwen3MoeForCausalLM: router_aux_loss_coef * load_balancing_loss_func(...) when
+        output_router_logits, else 0 (after a forward)."""
+        if not (self.cfg.output_router_logits and self.router_logits):
+            return 0.0
+        return self.cfg.router_aux_loss_coef * load_balancing_loss(self.router_logits, self.cfg.num_experts,
+                                                                   self.cfg.num_experts_per_tok)
 
 
 def causal_lm_loss(logits, labels=None, shift_labels=None, ignore_index=-100):
@@ -364,6 +455,8 @@ def lora_modules(model, targets):
     for i, layer in enumerate(model.model.layers):
         for name in targets:
             parent = layer.self_attn if name in ("q_proj", "k_proj", "v_proj", "o_proj") else layer.mlp
+            if not hasattr(parent, name):  # a MoE layer has no dense gate/up/down_proj
+                raise ValueError(f"target {name}: layer {i} has no such linear (the reference puts LoRA on no expert)")
             prefix = "self_attn" if parent is layer.self_attn else "mlp"
             yield f"model.layers.{i}.{prefix}.{name}", getattr(parent, name)
 
@@ -471,6 +564,7 @@ def forward_backward(model, trainable, input_ids, labels, labels_shifted):
         loss = causal_lm_loss(logits, shift_labels=labels)
     else:
         loss = causal_lm_loss(logits, labels=labels)
+    loss = loss + model.aux_loss()
     loss.backward()
     return logits.detach(), loss.item(), {n: p.grad.detach().clone() for n, p in trainable.items()}
 

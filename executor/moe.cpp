@@ -1,0 +1,164 @@
+#include "executor/moe.h"
+
+#include <torch/csrc/autograd/custom_function.h>
+
+#include "planner/errors.h"
+
+namespace ftexec {
+namespace {
+
+const std::string kStar = ".*.";
+
+// Passes the block's output through unchanged; in backward also hands the layer's summed router
+// probabilities P_l [E] the load-balancing loss's gradient, coef * E * C_e / N^2 per expert (C: the
+// pairs routed to e over every MoE layer, N: the tokens over every MoE layer), times the loss's
+// upstream gradient. Only known once every layer has run forward, hence read in backward.
+struct AuxGrad : public torch::autograd::Function<AuxGrad> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& y, const at::Tensor& probs_sum,
+                            int64_t aux_address) {
+    ctx->saved_data["aux"] = aux_address;
+    ctx->saved_data["dtype"] = static_cast<int64_t>(probs_sum.scalar_type());
+    return y;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_out) {
+    const auto* aux = reinterpret_cast<const MoeAux*>(ctx->saved_data["aux"].toInt());
+    const double k = static_cast<double>(aux->top_k);
+    at::Tensor counts;
+    for (const auto& c : aux->counts)
+      if (c.defined()) counts = counts.defined() ? counts + c : c.clone();
+    const double tokens = counts.sum().item<double>() / k;  // N
+    const double E = static_cast<double>(counts.size(0));
+    const at::Tensor grad_probs =
+        (counts * (aux->grad_scale * aux->coef * E / (tokens * tokens))).to(static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt()));
+    return {grad_out[0], grad_probs, at::Tensor()};
+  }
+};
+
+// The load-balancing loss's value from the recorded counts and probabilities; its backward records the
+// upstream gradient for AuxGrad and gives the anchor none.
+struct AuxLoss : public torch::autograd::Function<AuxLoss> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& anchor, int64_t aux_address) {
+    auto* aux = reinterpret_cast<MoeAux*>(aux_address);
+    ctx->saved_data["aux"] = aux_address;
+    at::Tensor counts, probs;
+    for (size_t l = 0; l < aux->counts.size(); ++l) {
+      if (!aux->counts[l].defined()) continue;
+      counts = counts.defined() ? counts + aux->counts[l] : aux->counts[l].clone();
+      probs = probs.defined() ? probs + aux->probs[l] : aux->probs[l].clone();
+    }
+    const int64_t E = counts.size(0);
+    const double tokens = counts.sum().item<double>() / double(aux->top_k);
+    const double value = aux->coef * double(E) * (counts.to(at::kDouble) * probs.to(at::kDouble)).sum().item<double>() /
+                         (tokens * tokens);
+    return at::full({}, value, anchor.options());
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_out) {
+    auto* aux = reinterpret_cast<MoeAux*>(ctx->saved_data["aux"].toInt());
+    aux->grad_scale = grad_out[0].item<double>();
+    return {at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+bool moe_layer(const ftplan::ModelSpec& spec, int64_t layer) {
+  return spec.moe.active() && spec.moe.moe_layers.at(static_cast<size_t>(layer));
+}
+
+std::vector<std::pair<std::string, at::Tensor*>> moe_named_tensors(MoeBlock& b, const ftplan::ModelSpec& spec) {
+  const auto& n = spec.moe.expert_names;  // gate, up, down: e.g. gate_proj, up_proj, down_proj
+  return {{"mlp." + spec.moe.router_name + ".weight", &b.gate},
+          {"mlp.experts.*." + n.at(0) + ".weight", &b.gate_proj},
+          {"mlp.experts.*." + n.at(1) + ".weight", &b.up_proj},
+          {"mlp.experts.*." + n.at(2) + ".weight", &b.down_proj}};
+}
+
+std::vector<std::pair<std::string, std::vector<int64_t>>> moe_tensor_shapes(const ftplan::ModelSpec& spec) {
+  const int64_t E = spec.moe.num_experts, I = spec.moe.expert_intermediate_size, h = spec.hidden_size;
+  const auto& n = spec.moe.expert_names;
+  return {{"mlp." + spec.moe.router_name + ".weight", {E, h}},
+          {"mlp.experts.*." + n.at(0) + ".weight", {E, I, h}},
+          {"mlp.experts.*." + n.at(1) + ".weight", {E, I, h}},
+          {"mlp.experts.*." + n.at(2) + ".weight", {E, h, I}}};
+}
+
+std::vector<std::pair<std::string, at::Tensor>> moe_checkpoint_tensors(const std::string& name, const at::Tensor& t) {
+  const size_t star = name.find(kStar);
+  if (star == std::string::npos) return {{name, t}};
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (int64_t e = 0; e < t.size(0); ++e)
+    out.emplace_back(name.substr(0, star + 1) + std::to_string(e) + name.substr(star + 2), t.select(0, e));
+  return out;
+}
+
+std::vector<std::pair<std::string, std::vector<int64_t>>> moe_checkpoint_shapes(const std::string& name,
+                                                                                const std::vector<int64_t>& shape) {
+  const size_t star = name.find(kStar);
+  if (star == std::string::npos) return {{name, shape}};
+  std::vector<std::pair<std::string, std::vector<int64_t>>> out;
+  const std::vector<int64_t> one(shape.begin() + 1, shape.end());
+  for (int64_t e = 0; e < shape.at(0); ++e) out.emplace_back(name.substr(0, star + 1) + std::to_string(e) + name.substr(star + 2), one);
+  return out;
+}
+
+at::Tensor moe_forward(const MoeBlock& b, const ftplan::ModelSpec& spec, const at::Tensor& x_in, MoeAux& aux,
+                       int64_t layer) {
+  const int64_t E = spec.moe.num_experts, k = spec.moe.top_k, h = spec.hidden_size;
+  const int64_t B = x_in.size(0), S = x_in.size(1), T = B * S;
+  const at::Tensor x = x_in.reshape({T, h});
+
+  // The router: softmax in fp32, top-k, renormalised when the config says so, cast to the compute dtype.
+  at::Tensor probs = at::softmax(at::linear(x, b.gate), -1, at::kFloat);  // [T, E]
+  auto [top_w, top_i] = probs.topk(k, -1);                                 // [T, k]
+  if (spec.moe.norm_topk_prob) top_w = top_w / top_w.sum(-1, /*keepdim=*/true);
+  top_w = top_w.to(x.scalar_type());
+
+  // Pairs p = t * k + j, sorted by expert (stable: by token within an expert), each given a row of the
+  // padded [E, C] layout: slot = expert * C + its rank among that expert's pairs.
+  at::Tensor slot_of_pair, pair_token, slot_sorted, counts;
+  int64_t C = 0;
+  {
+    at::NoGradGuard no_grad;
+    const at::Tensor expert = top_i.reshape({-1});                        // [P]
+    counts = at::bincount(expert, {}, E);                                 // [E] int64
+    C = std::max<int64_t>(1, counts.max().item<int64_t>());
+    auto sorted = at::sort(expert, /*stable=*/true, 0, /*descending=*/false);
+    const at::Tensor& order = std::get<1>(sorted);                       // pairs by expert
+    const at::Tensor& sorted_expert = std::get<0>(sorted);
+    const at::Tensor start = counts.cumsum(0) - counts;                  // each expert's first sorted position
+    const at::Tensor rank = at::arange(expert.size(0), expert.options()) - start.index_select(0, sorted_expert);
+    slot_sorted = sorted_expert * C + rank;                              // [P]: the row of sorted pair i
+    pair_token = at::div(order, k, "floor");                             // [P]: the token of sorted pair i
+    slot_of_pair = at::empty_like(slot_sorted).index_copy_(0, order, slot_sorted);  // [P]: the row of pair p
+  }
+  aux.max_capacity_factor = std::max(aux.max_capacity_factor, double(E * C) / double(T * k));
+
+  // The experts as three batched GEMMs over the padded groups (zero rows where an expert has fewer pairs).
+  const at::Tensor xe = at::zeros({E * C, h}, x.options()).index_copy_(0, slot_sorted, x.index_select(0, pair_token));
+  const at::Tensor xb = xe.view({E, C, h});
+  const at::Tensor gate = at::bmm(xb, b.gate_proj.transpose(1, 2));  // [E, C, I]
+  const at::Tensor up = at::bmm(xb, b.up_proj.transpose(1, 2));
+  const at::Tensor ye = at::bmm(at::silu(gate) * up, b.down_proj.transpose(1, 2));  // [E, C, h]
+  // Back to pair order, weighted, summed over each token's k experts.
+  at::Tensor y = (ye.view({E * C, h}).index_select(0, slot_of_pair).view({T, k, h}) * top_w.unsqueeze(-1)).sum(1);
+
+  // What the load-balancing loss reads (every forward records it, so the value is always at hand).
+  if (aux.counts.size() <= static_cast<size_t>(layer)) aux.counts.resize(static_cast<size_t>(layer) + 1);
+  if (aux.probs.size() <= static_cast<size_t>(layer)) aux.probs.resize(static_cast<size_t>(layer) + 1);
+  aux.counts[static_cast<size_t>(layer)] = counts.to(at::kFloat);
+  aux.probs[static_cast<size_t>(layer)] = probs.detach().sum(0);
+  // (Under LoRA the router is frozen, but the probabilities still depend on the adapters upstream.)
+  if (aux.enabled && at::GradMode::is_enabled() && probs.requires_grad())
+    y = AuxGrad::apply(y, probs.sum(0), reinterpret_cast<int64_t>(&aux));
+  return y.view({B, S, h});
+}
+
+at::Tensor moe_aux_loss(MoeAux& aux, const at::Tensor& anchor) {
+  return AuxLoss::apply(anchor, reinterpret_cast<int64_t>(&aux));
+}
+
+}  // namespace ftexec

@@ -1,0 +1,87 @@
+// A mixture-of-experts MLP (Qwen3-MoE; the layout of Mixtral and Qwen2-MoE's routed experts) in
+// LibTorch, as transformers' Qwen3MoeSparseMoeBlock computes it (src/transformers/models/qwen3_moe/
+// modeling_qwen3_moe.py @ 00d4b3d2142cb4ced2f51b90614b5d26bc045015):
+//   router_logits = gate(x)                                    [T, E]
+//   weights = softmax(router_logits, fp32); top-k of them      [T, k]
+//   weights /= weights.sum(-1) when norm_topk_prob; cast to the compute dtype
+//   y[t] = sum_j weights[t, j] * expert_{e(t, j)}(x[t]),  expert(x) = down(silu(gate_proj(x)) * up_proj(x))
+// and, in training with output_router_logits, transformers' load_balancing_loss_func over every MoE
+// layer's router logits (Switch Transformer eqs. 4-6): E * sum_e f_e * P_e with f_e the fraction of the
+// (token, slot) pairs routed to e and P_e the mean router probability of e, both over the tokens of
+// every MoE layer together; the loss adds router_aux_loss_coef times it.
+//
+// The experts are held as stacked tensors ([E, out, in] per projection) and run as three batched GEMMs
+// (at::bmm) over padded groups: the (token, slot) pairs are sorted by expert (a stable sort), each
+// expert's pairs copied into its rows of an [E, C, hidden] buffer, C the busiest expert's pair count,
+// the rest zeros. LibTorch 1.13 has no grouped GEMM (torch._grouped_mm is PyTorch 2.8); per-expert
+// at::mm over slices of the stacked weights would run E small GEMMs and, in backward, E slice-gradients
+// of the whole stack (or an unbind and a stack copy); one bmm per projection gives the stacked gradient
+// at once. The zero rows stay zero through gate, up, silu and down, are never gathered back, and so add
+// nothing to any gradient. The cost is memory: bmm keeps its padded inputs, E x C rows instead of T x k,
+// which is the planner's capacity-factor model with factor E x C / (T x k) (--moe-capacity-factor), so
+// the memory test plans with the factor the run measured.
+//
+// Checkpoints hold one tensor per expert (Hugging Face's names, model.layers.N.mlp.experts.M.gate_proj.
+// weight); the model names a stacked tensor with "*" for the expert index and moe_checkpoint_tensors()
+// splits it (views along dimension 0).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "planner/model_spec.h"
+
+namespace ftexec {
+
+// One MoE layer's MLP: the router and the routed experts, stacked.
+struct MoeBlock {
+  at::Tensor gate;       // the router, [E, hidden] (mlp.gate.weight)
+  at::Tensor gate_proj;  // [E, expert_intermediate, hidden] (mlp.experts.M.gate_proj.weight, M = 0..E-1)
+  at::Tensor up_proj;    // [E, expert_intermediate, hidden]
+  at::Tensor down_proj;  // [E, hidden, expert_intermediate]
+};
+
+// What one forward of the whole model leaves for the load-balancing loss (one per model; rewritten by
+// every forward, and identically by a checkpointed block's recompute).
+struct MoeAux {
+  bool enabled = false;            // the job's moe.aux_loss (default: the config's output_router_logits)
+  double coef = 0;                 // router_aux_loss_coef, e.g. 0.001
+  int64_t top_k = 1;               // num_experts_per_tok, e.g. 8
+  std::vector<at::Tensor> counts;  // per layer (undefined for a dense one): (token, slot) pairs per expert, [E] fp32
+  std::vector<at::Tensor> probs;   // per layer: the router probabilities summed over tokens, [E] fp32, detached
+  double grad_scale = 0;           // the loss's upstream gradient, set by the head's backward for the blocks'
+  double max_capacity_factor = 0;  // the largest E x C / (T x k) of any forward so far: the padding the batched
+                                   // GEMMs ran, as the planner's --moe-capacity-factor (1.0: perfectly balanced)
+};
+
+// The spec's MoE layers (MoeSpec::moe_layers) and whether ftexec builds them: routed experts with
+// separate gate, up and down projections and a plain nn.Linear router, no shared expert.
+bool moe_layer(const ftplan::ModelSpec& spec, int64_t layer);
+
+// The block's tensors by name inside the layer ("mlp.gate.weight", "mlp.experts.*.gate_proj.weight", ...:
+// "*" the expert index of a stacked tensor), in a fixed order, with their shapes.
+std::vector<std::pair<std::string, at::Tensor*>> moe_named_tensors(MoeBlock& block, const ftplan::ModelSpec& spec);
+std::vector<std::pair<std::string, std::vector<int64_t>>> moe_tensor_shapes(const ftplan::ModelSpec& spec);
+
+// The tensors a Hugging Face checkpoint holds for a model tensor: itself, or for a stacked expert
+// tensor (a name holding ".*.") one [out, in] view per expert, the "*" replaced by its index.
+std::vector<std::pair<std::string, at::Tensor>> moe_checkpoint_tensors(const std::string& name, const at::Tensor& t);
+std::vector<std::pair<std::string, std::vector<int64_t>>> moe_checkpoint_shapes(const std::string& name,
+                                                                                const std::vector<int64_t>& shape);
+
+// The MoE MLP on x [B, S, hidden] (the post-attention norm's output). Records the layer's counts and
+// probabilities in `aux` (and, with aux->enabled and grad mode on, routes the load-balancing loss's
+// gradient into the router through the block's output).
+at::Tensor moe_forward(const MoeBlock& block, const ftplan::ModelSpec& spec, const at::Tensor& x, MoeAux& aux,
+                       int64_t layer);
+
+// The load-balancing loss of the last forward (router_aux_loss_coef included), a scalar that joins the
+// loss: its value from the recorded counts and probabilities; its backward hands the upstream gradient
+// to the blocks (aux.grad_scale). `anchor`: a tensor of the head's graph (the final hidden states).
+at::Tensor moe_aux_loss(MoeAux& aux, const at::Tensor& anchor);
+
+}  // namespace ftexec

@@ -1,0 +1,263 @@
+// The families ftexec trains beyond the Llama block ([family]): Qwen3 (per-head q/k RMSNorms) and
+// Qwen3-MoE (a top-k router, experts as stacked tensors run as batched GEMMs, the load-balancing loss).
+// Their forward is checked against the independent reference in test_reference.cpp; here: every
+// strategy reproduces the single process's loss, checkpoints carry Hugging Face's names (one tensor
+// per expert), the measured memory of the MoE against the planner's, and the families ftexec does
+// not build are refused in one line naming the model_type.
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <set>
+
+#include "dist_test_util.h"
+#include "executor/exec_job.h"
+#include "executor/llama_model.h"
+#include "executor/run_job.h"
+#include "executor/safetensors.h"
+#include "executor_test_util.h"
+#include "planner/errors.h"
+#include "planner/hardware_spec.h"
+#include "planner/memory_model.h"
+#include "planner/memory_report.h"
+#include "planner/model_family.h"
+
+#undef CHECK
+#include <catch2/catch.hpp>
+
+using ftexec_test::run_ftexec;
+using ftexec_test::ScratchDir;
+using Catch::Matchers::Contains;
+
+namespace {
+
+const std::string kQwen3 = "tests/data/models/tiny-qwen3.json";
+const std::string kQwen3Moe = "tests/data/models/tiny-qwen3-moe.json";
+
+ftplan::ModelSpec spec_of(const std::string& path) {
+  return ftplan::model_spec_from_json(ftplan::read_json_file(std::string(FTPLAN_SOURCE_DIR) + "/" + path), path);
+}
+
+// A job file turning the load-balancing loss off (moe.aux_loss: false; ftexec's boolean flags can only
+// turn a setting on): ftexec run FILE, the rest as flags.
+std::string no_aux_job_file(const std::string& model) {
+  static ScratchDir dir("family_jobs");
+  const std::string path = dir / "no_aux.json";
+  std::ofstream(path) << nlohmann::json{{"model", std::string(FTPLAN_SOURCE_DIR) + "/" + model}, {"device", "cpu"},
+                                        {"moe", {{"aux_loss", false}}}}.dump() << "\n";
+  return path;
+}
+
+// The tiny job; `aux` false: from the job file above, the load-balancing loss off.
+std::string job(const std::string& model, int64_t grad_accum, bool aux = true) {
+  return (aux ? "--model " + model : no_aux_job_file(model)) + " --precision fp32 --attention eager --seq-len 32 --micro-batch 2 --grad-accum " +
+         std::to_string(grad_accum) + " --steps 4 --threads 1 --no-progress --seed 0 --lr 3e-3";
+}
+
+// One run per distinct command line (each 1-3 s), shared by the tests.
+nlohmann::json measured(const std::string& args) {
+  static std::map<std::string, nlohmann::json> cache;
+  static ScratchDir dir("family_runs");
+  auto it = cache.find(args);
+  if (it != cache.end()) return it->second;
+  const std::string out = dir / ("m" + std::to_string(cache.size()) + ".json");
+  const auto r = run_ftexec(args + " --timeout-s 60 --out " + out);
+  INFO("ftexec run " << args << "\n" << r.output);
+  REQUIRE(r.exit_code == 0);
+  return cache[args] = ftplan::read_json_file(out);
+}
+
+std::vector<double> losses(const nlohmann::json& m) { return m["loss"].get<std::vector<double>>(); }
+
+}  // namespace
+
+TEST_CASE("Qwen3 and Qwen3-MoE: DDP, ZeRO and FSDP reproduce the single-process loss", "[dist][family]") {
+  // model, strategy, ranks, grad_accum per rank, extra flags
+  auto [model, strategy, nproc, accum, extra] = GENERATE(table<std::string, std::string, int, int, std::string>({
+      {kQwen3, "ddp", 2, 1, ""},
+      {kQwen3, "fsdp", 2, 1, ""},
+      {kQwen3, "zero3", 2, 1, "--method lora --lora-rank 4 --lora-targets all-linear"},
+      {kQwen3Moe, "ddp", 2, 1, ""},                        // the load-balancing loss on (the config's)
+      {kQwen3Moe, "fsdp", 2, 2, ""},                       // ... with gradient accumulation
+      {kQwen3Moe, "fsdp", 2, 1, "--checkpointing full"},   // recomputed routing, the aux gradient in the recompute
+      {kQwen3Moe, "zero2", 2, 1, "no-aux"},
+      {kQwen3Moe, "ddp", 2, 1, "--method lora --lora-rank 4 --lora-targets q_proj,k_proj,v_proj,o_proj"},
+      {kQwen3Moe, "pipeline", 2, 2, "no-aux"},  // the stages split the layers
+  }));
+  CAPTURE(model, strategy, nproc, accum, extra);
+  const bool pipelined = strategy == "pipeline";
+  const bool aux = extra != "no-aux";
+  const std::string flags = aux ? extra : "";
+  const std::string ref_args = job(model, pipelined ? accum : accum * nproc, aux) + " " + flags;
+  const std::string dist_args = job(model, accum, aux) + " " + flags + " --strategy " + strategy + " --nproc " + std::to_string(nproc);
+  const auto ref = measured(ref_args), dist = measured(dist_args);
+  const auto a = losses(dist), b = losses(ref);
+  CAPTURE(a, b);
+  CHECK(b.back() != b.front());  // it trains (fresh random batches each step: the loss moves, 4 steps need not lower it)
+  double worst = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) worst = std::max(worst, std::abs(a[i] - b[i]) / std::abs(b[i]));
+  REQUIRE(a.size() == b.size());
+  std::cout << "[dist][family] " << model.substr(model.rfind('/') + 1) << " " << strategy << " x" << nproc << " " << extra
+            << ": loss vs one process, max relative " << worst << "\n";
+  CHECK(worst < 1e-5);
+  if (spec_of(model).moe.active()) {
+    CHECK(dist["ranks"][0]["moe_capacity_factor"].get<double>() >= 1.0);  // the padded groups: E x C >= T x k
+    CHECK(dist["ranks"][0]["moe_capacity_factor"].get<double>() <= 2.0);  // at most num_experts / top_k
+  }
+}
+
+TEST_CASE("the load-balancing loss is on by the config and off by moe.aux_loss false", "[dist][family]") {
+  // Same weights and batches: at step 1 (before the updates diverge) the two losses differ by the aux
+  // term alone, coef x E x sum_e f_e P_e (f_e: the fraction of tokens with e among their top k, at most 1;
+  // P_e: the mean router probability, summing to 1): above 0 and at most coef x E = 0.01 x 4. Its value
+  // is checked against transformers' load_balancing_loss_func in test_reference.cpp.
+  const auto with = losses(measured(job(kQwen3Moe, 2)));
+  const auto without = losses(measured(job(kQwen3Moe, 2, false)));
+  const double aux = with.front() - without.front();
+  CAPTURE(aux);
+  CHECK(aux > 1e-4);
+  CHECK(aux <= 0.01 * 4);
+  // Checkpointing recomputes each block (and its routing) in backward, where the aux gradient joins:
+  // the same trajectory as without.
+  const auto recomputed = losses(measured(job(kQwen3Moe, 2) + " --checkpointing full"));
+  REQUIRE(recomputed.size() == with.size());
+  for (size_t i = 0; i < with.size(); ++i) CHECK(std::abs(recomputed[i] - with[i]) <= 1e-6 * std::abs(with[i]));
+}
+
+TEST_CASE("checkpoints carry each family's Hugging Face names: q/k norms, the router, one tensor per expert", "[executor][family]") {
+  SECTION("the expected tensors of the shipped configs") {
+    const auto qwen3 = ftexec::llama_expected_tensors(ftplan::load_model("qwen3-8b"));
+    std::map<std::string, std::vector<int64_t>> q(qwen3.begin(), qwen3.end());
+    CHECK(q.at("model.layers.35.self_attn.q_norm.weight") == std::vector<int64_t>{128});
+    CHECK(q.at("model.layers.0.self_attn.k_norm.weight") == std::vector<int64_t>{128});
+    CHECK(q.at("model.layers.0.mlp.gate_proj.weight") == std::vector<int64_t>{12288, 4096});
+    // Qwen3-8B: 36 layers x (2 norms + 4 attention + 2 q/k norms + 3 MLP) + embedding, norm, lm_head.
+    CHECK(qwen3.size() == size_t(36 * 11 + 3));
+
+    const auto moe_spec = ftplan::load_model("qwen3-30b-a3b");
+    const auto moe = ftexec::llama_expected_tensors(moe_spec);
+    std::map<std::string, std::vector<int64_t>> m(moe.begin(), moe.end());
+    CHECK(m.at("model.layers.47.mlp.gate.weight") == std::vector<int64_t>{128, 2048});
+    CHECK(m.at("model.layers.0.mlp.experts.127.gate_proj.weight") == std::vector<int64_t>{768, 2048});
+    CHECK(m.at("model.layers.0.mlp.experts.0.up_proj.weight") == std::vector<int64_t>{768, 2048});
+    CHECK(m.at("model.layers.0.mlp.experts.5.down_proj.weight") == std::vector<int64_t>{2048, 768});
+    CHECK(m.count("model.layers.0.mlp.gate_proj.weight") == 0);
+    // 48 layers x (2 norms + 4 attention + 2 q/k norms + router + 128 x 3 experts) + 3.
+    CHECK(moe.size() == size_t(48 * (9 + 128 * 3) + 3));
+    // The count the planner gives: the same parameters.
+    int64_t params = 0;
+    for (const auto& [name, shape] : moe) {
+      int64_t n = 1;
+      for (int64_t d : shape) n *= d;
+      params += n;
+    }
+    CHECK(params == ftplan::count_params(moe_spec).total);
+  }
+  SECTION("a tiny Qwen3-MoE saves per-expert tensors and loads them back bit for bit") {
+    const auto spec = spec_of(kQwen3Moe);
+    ftexec::LlamaModel a = ftexec::llama_create(spec, ftexec::ModelOptions{}, 1);
+    ScratchDir dir("family_save");
+    ftexec::llama_save_weights(a, dir.path.string());
+    ftexec::SafetensorsFile file(dir / "model.safetensors");
+    const auto expected = ftexec::llama_expected_tensors(spec);
+    CHECK(file.entries().size() == expected.size());
+    for (const auto& [name, shape] : expected) {
+      CAPTURE(name);
+      REQUIRE(file.find(name) != nullptr);
+      CHECK(file.find(name)->shape == shape);
+    }
+    // Expert 3 of layer 1 is slice 3 of the stacked tensor.
+    const at::Tensor e3 = ftexec::tensor_view_of(*file.find("model.layers.1.mlp.experts.3.down_proj.weight"));
+    CHECK(at::equal(e3, a.layers[1].moe->down_proj.select(0, 3)));
+    ftexec::LlamaModel b = ftexec::llama_create(spec, ftexec::ModelOptions{}, 2);
+    ftexec::llama_load_weights(b, dir.path.string());
+    const auto pa = ftexec::llama_named_parameters(a), pb = ftexec::llama_named_parameters(b);
+    REQUIRE(pa.size() == pb.size());
+    for (size_t i = 0; i < pa.size(); ++i) {
+      CAPTURE(pa[i].first);
+      CHECK(at::equal(pa[i].second, pb[i].second));
+    }
+  }
+}
+
+TEST_CASE("ftexec refuses the families whose block it does not build: one line naming model_type, exit 2", "[dist][family]") {
+  for (const std::string model : {"gemma-2-2b", "gemma-3-1b", "phi-3-mini-4k", "olmo-2-7b", "mixtral-8x7b",
+                                  "qwen1.5-moe-a2.7b-chat", "deepseek-v2-lite", "gpt-oss-20b"}) {
+    CAPTURE(model);
+    const auto spec = ftplan::load_model(model);
+    const auto r = run_ftexec("--model " + model + " --precision fp32 --seq-len 32 --micro-batch 1 --steps 1 --no-progress");
+    CAPTURE(r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(std::count(r.output.begin(), r.output.end(), '\n') == 1);
+    CHECK_THAT(r.output, Contains("model_type " + (spec.wrapper_type.empty() ? spec.model_type : spec.wrapper_type)));
+    CHECK_THAT(r.output, Contains(ftplan::executor_family_list()));
+  }
+}
+
+TEST_CASE("Qwen3-MoE: LoRA on the experts, QLoRA and a capacity factor are refused by name", "[dist][family]") {
+  const std::string base = "--model " + kQwen3Moe + " --precision fp32 --seq-len 32 --micro-batch 1 --steps 1 --no-progress";
+  for (const auto& [flags, field] : std::vector<std::pair<std::string, std::string>>{
+           {"--method lora --lora-targets q_proj,gate_proj", "--lora-targets (lora.targets) gate_proj"},
+           {"--method qlora --lora-targets q_proj", "--method (method) qlora"},
+           {"--moe-capacity-factor 1.25", "--moe-capacity-factor (moe.capacity_factor)"},
+           {"--strategy pipeline --nproc 2", "--moe-aux-loss (moe.aux_loss)"},
+           {"--strategy pipeline --nproc 2 --moe-aux-loss", "--moe-aux-loss (moe.aux_loss)"}}) {
+    CAPTURE(flags);
+    const auto r = run_ftexec(base + " " + flags);
+    CAPTURE(r.output);
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.output, Contains(field));
+  }
+}
+
+TEST_CASE("Qwen3 and Qwen3-MoE: measured CPU peak within 10% of the planner's (the MoE at its measured padding)",
+          "[executor][family][memory]") {
+  // test_training.cpp's standard for the dense tiny model: fp32, eager, full fine-tuning, one process,
+  // seq 128 x micro-batch 8, states exact, the peak and the activations within 10%. The MoE's batched
+  // GEMMs pad every expert to the busiest one's pairs: the planner is asked for that padding
+  // (moe.capacity_factor = the run's largest E x C / (T x k)), which is what its capacity-factor model
+  // describes; the load-balancing loss is off here (transformers' keeps every layer's logits and
+  // softmax, which the planner counts for hf; ftexec keeps E counts per layer).
+  const std::string model = GENERATE(kQwen3, kQwen3Moe);
+  CAPTURE(model);
+  ftplan::TrainingSetup setup;
+  setup.framework = "ftexec";
+  setup.model = std::string(FTPLAN_SOURCE_DIR) + "/" + model;
+  setup.gpu = "cpu";
+  setup.method = ftplan::Method::full;
+  setup.precision = ftplan::Precision::fp32;
+  setup.seq_len = 128;
+  setup.micro_batch = 8;
+  setup.attention = ftplan::Attention::eager;
+  setup.checkpointing = ftplan::Checkpointing::none;
+  setup.strategy = ftplan::Strategy::single;
+  setup.steps = 3;
+  setup.device = "cpu";
+  setup.moe.aux_loss = false;
+  const auto spec = spec_of(model);
+  if (!spec.moe.active()) setup.moe.aux_loss.reset();
+  ftexec::ExecJob job = ftexec::make_exec_job(setup, "cpu");
+  job.threads = 2;
+  const nlohmann::json measured = ftexec::run_job(job);
+  const auto& rank = measured["ranks"][0];
+  if (spec.moe.active()) setup.moe.capacity_factor = rank["moe_capacity_factor"].get<double>();
+  const auto hw = ftplan::load_hardware("cpu");
+  const ftplan::Candidate candidate = ftplan::candidate_from_setup(setup, hw, ftplan::Strategy::single);
+  const auto predicted = ftplan::estimate_memory(job.model, hw, setup, candidate).per_gpu;
+  const auto& parts = rank["components"];
+  const double peak = rank["peak_memory_bytes"].get<double>();
+  CAPTURE(peak, predicted.total, predicted.weights, predicted.activations, predicted.logits_loss, predicted.temporary,
+          parts.dump(), setup.moe.capacity_factor.value_or(0.0));
+  CHECK(parts["weights"].get<int64_t>() == predicted.weights);
+  CHECK(parts["gradients"].get<int64_t>() == predicted.gradients);
+  CHECK(parts["optimizer"].get<int64_t>() == predicted.optimizer);
+  const double transient = parts["activations"].get<double>(), predicted_transient = double(predicted.activations + predicted.logits_loss);
+  std::cout << "[family][memory] " << model.substr(model.rfind('/') + 1) << ": peak measured " << peak << " B, predicted "
+            << predicted.total << " B (" << 100.0 * (peak - predicted.total) / predicted.total << " %); activations + loss "
+            << transient << " vs " << predicted_transient << " (" << 100.0 * (transient - predicted_transient) / predicted_transient
+            << " %)" << (spec.moe.active() ? "; capacity factor " + std::to_string(*setup.moe.capacity_factor) : "") << "\n";
+  CHECK_THAT(peak, Catch::Matchers::WithinRel(double(predicted.total), 0.10));
+  CHECK_THAT(transient, Catch::Matchers::WithinRel(predicted_transient, 0.10));
+}
