@@ -61,8 +61,59 @@ nlohmann::json calibrate_device(const ExecJob& job, const std::string& hw_id, Co
   c.precision = ftplan::to_string(s.precision);
   c.method = "measured";
 
-  comm.barrier();
-  if (comm.rank() == 0) {
+  // Collectives per group size (2, 4, ... and the world): ranks 0..g-1 all-reduce (reduce-scatter then
+  // all-gather rings, as FSDP's and the planner's), the others wait; t = latency · ring steps + wire
+  // bytes / bandwidth (collectives.h) fitted by least squares per size. The calibration takes the
+  // largest group's (the one the hwdb's intra-node figure is for).
+  if (comm.world() > 1) {
+    std::vector<int> sizes;
+    for (int g = 2; g < comm.world(); g *= 2) sizes.push_back(g);
+    sizes.push_back(comm.world());
+    nlohmann::json per_size = nlohmann::json::array();
+    for (int n : sizes) {
+      RankGroup group;
+      for (int r = 0; r < n; ++r) group.push_back(r);
+      const bool member = comm.rank() < n;
+      std::vector<double> xs_steps, xs_wire, ys;
+      nlohmann::json rows = nlohmann::json::array();
+      for (int64_t bytes = 4096; bytes <= (INT64_C(16) << 20); bytes *= 4) {
+        at::Tensor t = at::ones({bytes / 4}, at::TensorOptions().dtype(at::kFloat).device(at::Device(job.device)));
+        comm.barrier();
+        const double sec = member ? time_best_s([&] { comm.all_reduce_ring(t, 0, group); }, cuda, 0.3) : 0.0;
+        const double secs = comm.all_reduce_scalar(sec, true);  // the slowest member's
+        const double wire = ftplan::wire_bytes(ftplan::Collective::all_reduce, double(bytes), n);
+        xs_steps.push_back(2.0 * (n - 1));
+        xs_wire.push_back(wire);
+        ys.push_back(secs);
+        rows.push_back({{"bytes", bytes}, {"time_s", secs}, {"wire_bytes", wire}});
+      }
+      // Least squares of y = a·steps + b·wire (a = latency, b = 1 / bandwidth); steps are equal within a
+      // size, so a is the intercept of y against wire bytes.
+      const double k = double(ys.size());
+      double sx = 0, sy = 0, sxx = 0, sxy = 0;
+      for (size_t i = 0; i < ys.size(); ++i) sx += xs_wire[i], sy += ys[i], sxx += xs_wire[i] * xs_wire[i], sxy += xs_wire[i] * ys[i];
+      double inv_bw = (k * sxy - sx * sy) / (k * sxx - sx * sx);
+      if (!(inv_bw > 0)) inv_bw = ys.back() / xs_wire.back();
+      const double latency = std::clamp((sy - inv_bw * sx) / k / xs_steps[0], 1e-8, 0.1);
+      const double bw = 1.0 / inv_bw;
+      const ftplan::Interconnect net = ftplan::group_interconnect(hw, n, 1, n);
+      per_size.push_back({{"ranks", n}, {"rows", rows}, {"bandwidth_bytes_per_s", bw},
+                          {"hwdb_bandwidth_bytes_per_s", net.intra_bandwidth_bytes_per_s}, {"latency_s", latency}});
+      if (n == comm.world()) {
+        c.intra_node_bandwidth_factor = std::clamp(bw / net.intra_bandwidth_bytes_per_s, 1e-3, 4.0);
+        c.comm_latency_s = latency;
+      }
+    }
+    c.determined.push_back("link_bandwidth_factor.intra_node");
+    c.determined.push_back("comm_latency_s");
+    details["all_reduce"] = {{"per_group_size", per_size}, {"backend", cuda ? "nccl" : "gloo"}};
+  } else {
+    details["all_reduce"] = "not measured: one process (give --nproc N for collectives)";
+  }
+  // The compute alone on rank 0, after the collectives: the other ranks are done (none waits in a
+  // collective that could time out while rank 0 measures).
+  if (comm.rank() != 0) return nullptr;
+  {
     at::NoGradGuard no_grad;
     // GEMMs: (smallest dimension, efficiency) points.
     std::vector<std::pair<double, double>> points;
@@ -139,50 +190,9 @@ nlohmann::json calibrate_device(const ExecJob& job, const std::string& hw_id, Co
       c.optimizer_bandwidth_factor = std::clamp(bw / hw.hbm_bandwidth_bytes_per_s, 1e-3, 4.0);
       details["optimizer"] = {{"params", n}, {"time_s", t}, {"bytes_per_s", bw}, {"factor", c.optimizer_bandwidth_factor}};
     }
-    c.determined = {"gemm_efficiency.64", "gemm_efficiency.512", "gemm_efficiency.4096", "attention_efficiency",
-                    "optimizer_bandwidth_factor"};
+    c.determined.insert(c.determined.begin(), {"gemm_efficiency.16", "gemm_efficiency.64", "gemm_efficiency.512",
+                                               "gemm_efficiency.4096", "attention_efficiency", "optimizer_bandwidth_factor"});
   }
-  comm.barrier();
-
-  // Collectives over every rank: t = latency · ring steps + wire bytes / bandwidth (collectives.h).
-  if (comm.world() > 1) {
-    const int n = comm.world();
-    std::vector<double> xs_steps, xs_wire, ys;
-    nlohmann::json rows = nlohmann::json::array();
-    for (int64_t bytes = 4096; bytes <= (INT64_C(16) << 20); bytes *= 4) {
-      at::Tensor t = at::ones({bytes / 4}, at::TensorOptions().dtype(at::kFloat).device(at::Device(job.device)));
-      comm.barrier();
-      const double sec = time_best_s([&] { comm.all_reduce_sum(t); }, cuda, 0.3);
-      const double secs = comm.all_reduce_scalar(sec, true);  // the slowest rank's
-      const double wire = ftplan::wire_bytes(ftplan::Collective::all_reduce, double(bytes), n);
-      xs_steps.push_back(2.0 * (n - 1));
-      xs_wire.push_back(wire);
-      ys.push_back(secs);
-      rows.push_back({{"bytes", bytes}, {"time_s", secs}, {"wire_bytes", wire}});
-    }
-    // Least squares of y = a·steps + b·wire (a = latency, b = 1 / bandwidth).
-    double s11 = 0, s12 = 0, s22 = 0, t1 = 0, t2 = 0;
-    for (size_t i = 0; i < ys.size(); ++i) {
-      s11 += xs_steps[i] * xs_steps[i], s12 += xs_steps[i] * xs_wire[i], s22 += xs_wire[i] * xs_wire[i];
-      t1 += xs_steps[i] * ys[i], t2 += xs_wire[i] * ys[i];
-    }
-    const double det = s11 * s22 - s12 * s12;
-    double latency = det != 0 ? (t1 * s22 - t2 * s12) / det : 0, inv_bw = det != 0 ? (s11 * t2 - s12 * t1) / det : 0;
-    if (!(inv_bw > 0)) inv_bw = ys.back() / xs_wire.back();
-    latency = std::clamp(latency, 1e-8, 0.1);
-    const double bw = 1.0 / inv_bw;
-    const ftplan::Interconnect net = ftplan::group_interconnect(hw, n, 1, n);
-    c.intra_node_bandwidth_factor = std::clamp(bw / net.intra_bandwidth_bytes_per_s, 1e-3, 4.0);
-    c.comm_latency_s = latency;
-    c.determined.push_back("link_bandwidth_factor.intra_node");
-    c.determined.push_back("comm_latency_s");
-    details["all_reduce"] = {{"ranks", n}, {"rows", rows}, {"bandwidth_bytes_per_s", bw},
-                             {"hwdb_bandwidth_bytes_per_s", net.intra_bandwidth_bytes_per_s}, {"latency_s", latency},
-                             {"backend", cuda ? "nccl" : "gloo"}};
-  } else {
-    details["all_reduce"] = "not measured: one process (give --nproc N for collectives)";
-  }
-  if (comm.rank() != 0) return nullptr;
   details["device"] = job.device;
   details["threads"] = at::get_num_threads();
   details["torch_version"] = compat::torch_version();

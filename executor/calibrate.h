@@ -8,9 +8,10 @@
 //                 scaled_dot_product_attention) forward + backward at [micro_batch, heads, seq_len, head_dim]
 //   optimizer     ftexec's AdamW step over up to 8M parameters: the planner's 28 B per parameter over
 //                 the time, against the hwdb's memory bandwidth
-//   collectives   with several ranks (--nproc N): all-reduce of 4 KiB .. 16 MiB over c10d (Gloo on
-//                 CPU, NCCL on GPU), latency and bandwidth fitted to the planner's ring formula
-//                 (planner/collectives.h), the bandwidth against the hwdb's for a group of N
+//   collectives   with several ranks (--nproc N): per group size 2, 4, ... N, all-reduce rings of
+//                 4 KiB .. 16 MiB over c10d (Gloo on CPU, NCCL on GPU), latency and bandwidth fitted
+//                 to the planner's ring formula (planner/collectives.h); the calibration takes the
+//                 group of N's, against the hwdb's bandwidth for a group of N
 // Efficiencies are achieved / the hwdb entry's peak for the job's precision (hwdb/cpu.json on the CPU).
 #pragma once
 
@@ -21,9 +22,9 @@
 
 namespace ftexec {
 
-// Every rank calls this together (comm's world; a local Comm for one process). Rank 0 times the
-// compute alone while the others wait, then every rank times the collectives; rank 0 returns the
-// calibration JSON (calibration_to_json), the others null. `hw_id`: the hwdb entry whose peak and
+// Every rank calls this together (comm's world; a local Comm for one process). Every rank times the
+// collectives, then rank 0 the compute alone (the others are done); rank 0 returns the calibration
+// JSON (calibration_to_json), the others null. `hw_id`: the hwdb entry whose peak and
 // bandwidths the efficiencies are relative to.
 class Comm;
 nlohmann::json calibrate_device(const ExecJob& job, const std::string& hw_id, Comm& comm);

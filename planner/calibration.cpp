@@ -343,7 +343,10 @@ CalibrationRun calibration_run(const RunLog& log, const nlohmann::json* plan, bo
   }
   const auto& j = run.job;
   std::ostringstream label;
-  label << j.value("method", std::string("?"));
+  std::string model = j.value("model", std::string());
+  model = model.substr(model.find_last_of('/') + 1);
+  if (model.size() > 5 && model.substr(model.size() - 5) == ".json") model.resize(model.size() - 5);
+  label << model << " " << j.value("method", std::string("?"));
   if (j.contains("lora") && j["lora"].is_object() && j.value("method", std::string()) != "full")
     label << " r" << j["lora"].value("rank", 0);
   label << " s" << j.value("seq_len", 0) << " mb" << j.value("micro_batch", 0);

@@ -84,6 +84,31 @@ expect_bad "a run of another job than --plan" "seq_len" calibrate "$TMP/run2.jso
 expect_bad "leave-one-out of one run" "at least 2 runs" calibrate "$TMP/run0.json" --leave-one-out
 expect_bad "a prior for another device" "device" calibrate "$TMP/run0.json" --prior "$TMP/cal.json" --gpu h100-sxm
 
+# ftexec calibrate on this CPU: two ranks (Gloo), the same file format, usable by --calibration.
+if [ -n "${FTEXEC:-}" ]; then
+  "$FTEXEC" calibrate --model tiny-test --method lora --seq-len 64 --micro-batch 2 --precision fp32 --attention eager \
+    --gpu cpu --device cpu --threads 1 --nproc 2 -o "$TMP/measured-cal.json" >"$TMP/out" 2>&1 || fail "ftexec calibrate: $(cat "$TMP/out")"
+  python3 - "$TMP/measured-cal.json" <<'PY' || fail "ftexec calibrate: the file"
+import json, sys
+c = json.load(open(sys.argv[1]))
+assert c["format"] == "ftplan-calibration/1" and c["device"] == "cpu" and c["method"] == "measured", c
+p = c["parameters"]
+assert sorted(p["gemm_efficiency"]) == ["16", "4096", "512", "64"], p
+assert all(0 < v <= 1 for v in p["gemm_efficiency"].values()), p
+assert 0 < p["attention_efficiency"] <= 1 and 0 < p["optimizer_bandwidth_factor"], p
+sizes = [g["ranks"] for g in c["details"]["all_reduce"]["per_group_size"]]
+assert sizes == [2], sizes
+assert c["parameters"]["comm_latency_s"] > 0 and "comm_latency_s" in c["determined"], c["determined"]
+assert len(c["details"]["gemm"]) > 20, len(c["details"]["gemm"])
+PY
+  "$FTPLAN" plan --model tiny-test --gpu cpu --precision fp32 --calibration "$TMP/measured-cal.json" >"$TMP/out" 2>&1 ||
+    fail "plan with ftexec calibrate's file: $(cat "$TMP/out")"
+  "$FTEXEC" calibrate --model tiny-test --seq-len 64 --gpu a100-81gb -o "$TMP/x.json" >"$TMP/out" 2>"$TMP/err"
+  [ $? -eq 2 ] && grep -q -- "a100-81gb" "$TMP/err" || fail "ftexec calibrate: an unknown --gpu is not one line exit 2: $(cat "$TMP/err")"
+  "$FTEXEC" calibrate --model tiny-test --seq-len 64 --gpu cpu --device cpu -o "$TMP/no-such-dir/x.json" >"$TMP/out" 2>"$TMP/err"
+  [ $? -eq 2 ] && grep -q -- "--out" "$TMP/err" || fail "ftexec calibrate: an unwritable --out is not one line exit 2: $(cat "$TMP/err")"
+fi
+
 if [ "$failures" -ne 0 ]; then
   echo "calibrate.sh: $failures check(s) failed"
   exit 1

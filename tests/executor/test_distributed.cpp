@@ -216,9 +216,11 @@ TEST_CASE("every strategy reproduces the single-process loss trajectory", "[dist
     // Many rows save the very same bytes. Where the gradients (or the clipping norm) are summed in
     // another order, fp32 rounding moves a gradient by ~1e-7 of its tensor's scale, which AdamW
     // amplifies where a gradient is near its eps (the first update is lr * g / (|g| + eps)): a few
-    // elements move by up to ~2e-5 of the tensor's largest, the tensors as a whole by < 1e-6
-    // (worst here 9.0e-7: fsdp on 4 ranks, full fine-tuning).
-    CHECK(diff.norm <= 1e-6);
+    // elements move by up to ~2e-5 of the tensor's largest, the tensors as a whole by ~1e-6 (worst
+    // 9.0e-7 on one machine, fsdp on 4 ranks; 1.0085e-6 on another, zero1 x4 with accumulation: the
+    // CPU's BLAS kernels round differently). A real fault (a missing reduction, a wrong scale) moves
+    // them by > 1e-3.
+    CHECK(diff.norm <= 5e-6);
     CHECK(diff.max <= 5e-5);
     // Reloads: the full weights into a fresh model of the config (every name and shape checked);
     // the adapter's names and shapes are PEFT's for the targets.
