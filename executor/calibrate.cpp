@@ -8,6 +8,7 @@
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <torch/csrc/autograd/autograd.h>
 
 #include "executor/torch_compat.h"

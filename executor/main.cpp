@@ -12,6 +12,7 @@
 #include <optional>
 #include <thread>
 
+#include <ATen/Parallel.h>
 #include <CLI/CLI.hpp>
 
 #include "executor/calibrate.h"
