@@ -370,9 +370,11 @@ TEST_CASE("tensor, pipeline and data parallelism composed reproduce the single p
     if (layout.pp == 1) CHECK_THAT(rank["peak_memory_bytes"].get<double>(), Catch::Matchers::WithinRel(double(est.per_gpu.total), 0.10));
     peak = std::max(peak, rank["peak_memory_bytes"].get<double>());
   }
-  // Known gap: tp x pp with sequence parallelism holds 12% more than the planner predicts (the
-  // gathered full-sequence copies of the in-flight micro-batches); reported, not asserted.
-  if (!(layout.pp > 1 && layout.sequence_parallel)) CHECK_THAT(peak, Catch::Matchers::WithinRel(double(est.per_gpu.total), 0.10));
+  // tp x pp with sequence parallelism was 12% above the plan: ftexec's column-parallel linears keep
+  // their all-gathered (whole-sequence) input, for every micro-batch in flight, where the planner
+  // counted Megatron's shard; ftexec's profile now says so (sp_keeps_gathered_input): +8% (what is
+  // left, as in every pipeline here, is the backward's transient gradients on stage 0, unmodelled).
+  CHECK_THAT(peak, Catch::Matchers::WithinRel(double(est.per_gpu.total), 0.10));
   const double worst_mem = (peak - est.per_gpu.total) / est.per_gpu.total;
   std::cout << ", peak memory (most loaded rank) " << peak << " B vs plan " << est.per_gpu.total << " B ("
             << 100 * worst_mem << " %)\n";
