@@ -28,13 +28,11 @@ DeviceMesh::DeviceMesh(Comm& world, const ftplan::Parallelism& layout) : world_(
   if (layout.gpus() != world.world())
     ftplan::fail_input("parallel layout " + ftplan::name(layout) + ": " + std::to_string(layout.gpus()) +
                        " ranks != WORLD_SIZE(" + std::to_string(world.world()) + ")");
-  if (layout.cp != 1)
-    ftplan::fail_input("parallel layout " + ftplan::name(layout) + ": cp(" + std::to_string(layout.cp) +
-                       ") > 1: ftexec has no context parallelism");
   // Same order on every rank: a group's members are all building it at once, so no rank waits on a
   // peer that is building another group.
   tp_ = world.split(group("tp"), "tp");
-  dp_ = world.split(group("dp"), "dp");
+  cp_ = world.split(group("cp"), "cp");
+  dp_ = world.split(mesh_group(world.rank(), ftplan::grad_group(layout)), "dp");  // dp x cp
   pp_ = world.split(group("pp"), "pp");
 }
 
@@ -46,11 +44,16 @@ int64_t DeviceMesh::coordinate(const std::string& dim) const {
 RankGroup DeviceMesh::group(const std::string& dim) const { return mesh_group(world_.rank(), placement(layout_, dim)); }
 
 std::vector<std::pair<std::string, CommStats>> DeviceMesh::stats() const {
-  return {{"tp", tp_->stats()}, {"dp", dp_->stats()}, {"pp", pp_->stats()}, {"world", world_.stats()}};
+  std::vector<std::pair<std::string, CommStats>> out{{"tp", tp_->stats()}};
+  if (layout_.cp > 1) out.emplace_back("cp", cp_->stats());
+  for (auto& g : std::vector<std::pair<std::string, CommStats>>{{"dp", dp_->stats()}, {"pp", pp_->stats()}, {"world", world_.stats()}})
+    out.push_back(g);
+  return out;
 }
 
 void DeviceMesh::reset_stats() {
   tp_->reset_stats();
+  cp_->reset_stats();
   dp_->reset_stats();
   pp_->reset_stats();
 }

@@ -6,15 +6,18 @@
 // consecutive ranks, on one node wherever the node holds tp GPUs.
 //
 // Communicators (each its own c10d process group: Comm::split, Gloo on CPU, NCCL on CUDA, built by
-// every rank in the same order: tp, dp, pp):
+// every rank in the same order: tp, cp, dp, pp):
 //   tp   the tensor-parallel group: activations all-reduced (or reduce-scattered and all-gathered
 //        under sequence parallelism) inside every block
-//   dp   the data-parallel ranks holding the same model shard: dp_replicate x dp_shard (the
-//        planner's grad_group); ZeRO/FSDP shard over its first dp_shard ranks and HSDP replicates
-//        across them (strategies/sharded.cpp's rank groups inside this communicator)
+//   cp   the context-parallel group: each holds a chunk of every sequence, K and V exchanged in
+//        every attention (executor/context_parallel.h)
+//   dp   the ranks holding the same model shard: dp_replicate x dp_shard x cp (the planner's
+//        grad_group; torchtitan's dp_cp: the parameters are replicated over cp and their gradients
+//        reduced with data parallelism's); ZeRO/FSDP shard over its first dp_shard x cp ranks
+//        (torchtitan's dp_shard_cp) and HSDP replicates across them (strategies/sharded.cpp's rank
+//        groups inside this communicator). coordinate("dp") is the data-parallel coordinate alone
+//        (which micro-batches a rank reads: the cp ranks of one dp coordinate read the same ones).
 //   pp   the pipeline stages holding the same tp shard and data
-// cp has its coordinates and groups here but no communicator: ftexec runs no context parallelism
-// (refused by exec_layout_problems).
 // Every communicator counts its own bytes: measured.json's comm_bytes_per_group.
 #pragma once
 
@@ -36,6 +39,7 @@ class DeviceMesh {
   const ftplan::Parallelism& layout() const { return layout_; }
   Comm& world() { return world_; }
   Comm& tp() { return *tp_; }
+  Comm& cp() { return *cp_; }
   Comm& dp() { return *dp_; }
   Comm& pp() { return *pp_; }
 
@@ -44,14 +48,15 @@ class DeviceMesh {
   // The global ranks of this rank's group along a dimension, in ring order.
   RankGroup group(const std::string& dim) const;
 
-  // Bytes by dimension: {"tp", stats}, {"dp", stats}, {"pp", stats} (and "world": control traffic).
+  // Bytes by dimension: {"tp", stats}, {"cp", stats} (cp > 1), {"dp", stats}, {"pp", stats} (and
+  // "world": control traffic).
   std::vector<std::pair<std::string, CommStats>> stats() const;
   void reset_stats();
 
  private:
   Comm& world_;
   ftplan::Parallelism layout_;
-  std::unique_ptr<Comm> tp_, dp_, pp_;
+  std::unique_ptr<Comm> tp_, cp_, dp_, pp_;
 };
 
 // The global ranks of `rank`'s group of size x stride placement.

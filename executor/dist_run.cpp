@@ -413,7 +413,11 @@ nlohmann::json run_rank(const ExecJob& job, const DistEnv& env, const DistOption
   mo.use_sdpa = s.attention == ftplan::Attention::fused && compat::kHasSdpa;
   mo.moe_aux_loss = s.moe.aux_loss;
   nlohmann::json notes = nlohmann::json::array();
-  if (s.attention == ftplan::Attention::fused && !compat::kHasSdpa)
+  if (layout.cp > 1)
+    notes.push_back("context parallelism (cp " + std::to_string(layout.cp) + ", cp_mode all_gather): each rank holds a contiguous " +
+                    "1/cp of every sequence; attention over K and V all-gathered over the cp group, gathered again in backward " +
+                    "and their gradients reduce-scattered (executor/context_parallel.h), not the SDPA kernel");
+  else if (s.attention == ftplan::Attention::fused && !compat::kHasSdpa)
     notes.push_back(std::string("attention fused requested, but libtorch ") + compat::torch_version() +
                     " has no SDPA: ran eager attention");
   if (layout.shards_params() && layout.dp_replicate > 1)

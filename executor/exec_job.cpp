@@ -5,6 +5,7 @@
 #include "planner/data_paths.h"
 #include "planner/hardware_spec.h"
 #include "planner/errors.h"
+#include "planner/framework.h"
 #include "planner/job_fields.h"
 #include "planner/json_fields.h"
 
@@ -32,6 +33,12 @@ ftplan::TrainingSetup setup_from_plan(const nlohmann::json& plan, const std::str
       if (it.key() == "parallel" || (it.key() == "strategy" && setup.parallel)) continue;
       ftplan::apply_job_field(setup, ftplan::field_by_key(it.key()), *it, cw + ": " + it.key());
     }
+    // The plan's exchange mode, explicit (its canonical string leaves out the default, ring).
+    if (setup.parallel && setup.parallel->cp > 1 && setup.parallel_text.find("cp_mode=") == std::string::npos) {
+      const auto mode = c.contains("parallel") && c["parallel"].is_object() ? c["parallel"].value("cp_mode", "ring") : "ring";
+      setup.parallel_text += ",cp_mode=" + mode;
+      setup.parallel = ftplan::parse_parallelism(setup.parallel_text, cw + ": strategy");
+    }
   }
   return setup;
 }
@@ -47,6 +54,9 @@ ExecJob make_exec_job(const ftplan::TrainingSetup& setup_in, const std::string& 
   if (!s.checkpointing) s.checkpointing = ftplan::Checkpointing::none;
   // A --parallel layout equal to a preset is named by it (measured.json's candidate); the layout
   // itself runs as given (exec_parallelism), and what ftexec cannot run is refused below.
+  // cp without cp_mode= exchanges as ftexec does (configs/frameworks/ftexec.json: all_gather).
+  if (s.parallel && s.parallel->cp > 1 && s.parallel_text.find("cp_mode=") == std::string::npos)
+    s.parallel->cp_mode = ftplan::framework_profile("ftexec").cp_mode;
   if (!s.strategy && s.parallel)
     if (const auto p = ftplan::preset_of(*s.parallel)) s.strategy = *p;
   if (!s.strategy) s.strategy = ftplan::Strategy::single;

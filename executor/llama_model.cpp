@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "executor/context_parallel.h"
 #include "executor/lora.h"
 #include "executor/tensor_parallel.h"
 #include "executor/torch_compat.h"
@@ -90,6 +91,11 @@ void ensure_caches(LlamaModel& m, int64_t seq_len) {
   m.rope_cos = emb.cos().to(opts);
   m.rope_sin = emb.sin().to(opts);
   m.causal_mask = at::ones({seq_len, seq_len}, at::TensorOptions().dtype(at::kBool)).triu(1).to(m.options.device);
+  if (m.cp) {  // context parallelism: this chunk's rows (global positions; keys of the whole sequence)
+    m.rope_cos = cp_chunk(*m.cp, m.rope_cos.unsqueeze(0)).squeeze(0);
+    m.rope_sin = cp_chunk(*m.cp, m.rope_sin.unsqueeze(0)).squeeze(0);
+    m.causal_mask = cp_chunk(*m.cp, m.causal_mask.unsqueeze(0)).squeeze(0);
+  }
   m.cached_seq_len = seq_len;
 }
 
@@ -108,7 +114,9 @@ at::Tensor attention(LlamaModel& m, const LlamaBlock& blk, const at::Tensor& x) 
   q = apply_rope(q, m.rope_cos, m.rope_sin);
   k = apply_rope(k, m.rope_cos, m.rope_sin);
   at::Tensor out;
-  if (m.options.use_sdpa) {
+  if (m.cp) {
+    out = cp_attention(*m.cp, q, k, v, m.causal_mask, scale);  // K and V exchanged over the cp group
+  } else if (m.options.use_sdpa) {
     if (!compat::kSdpaHasGqa) {
       k = repeat_kv(k, H / KV);
       v = repeat_kv(v, H / KV);
@@ -584,20 +592,30 @@ at::Tensor llama_block_apply(LlamaModel& m, int64_t layer, const at::Tensor& x) 
   return llama_block_forward(m, layer, x);
 }
 
-at::Tensor llama_embed(LlamaModel& m, const at::Tensor& input_ids) {
-  ensure_caches(m, input_ids.size(1));
+at::Tensor llama_embed(LlamaModel& m, const at::Tensor& ids) {
+  ensure_caches(m, ids.size(1));
+  const at::Tensor input_ids = m.cp ? cp_chunk(*m.cp, ids) : ids;
   if (m.tp) return tp_embed(m, input_ids);
   return at::embedding(m.embed_tokens, input_ids);
 }
 
-at::Tensor llama_head_loss(LlamaModel& m, const at::Tensor& h, const at::Tensor& labels) {
-  if (m.tp) return tp_head_loss(m, h, labels);
+at::Tensor llama_head_loss(LlamaModel& m, const at::Tensor& h, const at::Tensor& all_labels) {
+  // Context parallelism: this chunk's labels; its loss scaled so that the mean over cp is the
+  // micro-batch's mean over all its tokens (cp_loss_scale).
+  const at::Tensor labels = m.cp ? cp_chunk(*m.cp, all_labels) : all_labels;
+  if (m.tp) {
+    at::Tensor loss = tp_head_loss(m, h, labels);
+    return m.cp ? loss * cp_loss_scale(*m.cp, all_labels, labels, true) : loss;
+  }
   at::Tensor logprobs;
   {
     // The logits die at the end of this scope: log_softmax keeps its fp32 output, not its input.
     at::Tensor logits = at::linear(rms_norm(h, m.norm, m.spec.rms_norm_eps), m.head_weight());
     logprobs = at::log_softmax(logits.to(at::kFloat), -1);
   }
+  if (m.cp)  // summed, so a chunk without labels adds 0 (cp refuses mixtures of experts)
+    return at::nll_loss(logprobs.view({-1, m.spec.vocab_size}), labels.reshape({-1}), {}, at::Reduction::Sum, -100) *
+           cp_loss_scale(*m.cp, all_labels, labels, false);
   at::Tensor loss = at::nll_loss(logprobs.view({-1, m.spec.vocab_size}), labels.reshape({-1}), {}, at::Reduction::Mean, -100);
   // transformers' MoE ForCausalLM: loss += router_aux_loss_coef * load_balancing_loss_func(router_logits, ...).
   if (m.moe_aux.enabled) loss = loss + moe_aux_loss(m.moe_aux, h);

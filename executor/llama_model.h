@@ -64,7 +64,8 @@ struct ModelOptions {
                                       // output_router_logits, as transformers
 };
 
-struct TensorParallel;  // executor/tensor_parallel.h
+struct TensorParallel;   // executor/tensor_parallel.h
+struct ContextParallel;  // executor/context_parallel.h
 
 struct LlamaModel {
   ftplan::ModelSpec spec;
@@ -81,8 +82,12 @@ struct LlamaModel {
   // Tensor parallelism (executor/tensor_parallel.h): this rank's shard of every split tensor, and the
   // state llama_embed / llama_block_forward / llama_head_loss then run the tensor-parallel forward
   // with; null for a whole model. seq_shards: the residual stream holds S / seq_shards tokens
-  // (sequence parallelism: tp).
+  // (sequence parallelism: tp; context parallelism: x cp).
   std::shared_ptr<TensorParallel> tp;
+  // Context parallelism (executor/context_parallel.h): this rank's chunk of every sequence (the
+  // caches above then hold the chunk's rows: RoPE at global positions, the mask offset); null
+  // without. seq_shards is then multiplied by cp.
+  std::shared_ptr<ContextParallel> cp;
   int64_t seq_shards = 1;
   MoeAux moe_aux;                 // the MoE layers' routing of the last forward (load-balancing loss)
 

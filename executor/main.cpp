@@ -11,6 +11,7 @@
 #include <iostream>
 #include <optional>
 
+#include <ATen/Parallel.h>
 #include <CLI/CLI.hpp>
 
 #include "executor/calibrate.h"

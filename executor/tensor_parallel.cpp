@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 
+#include "executor/context_parallel.h"
 #include "executor/llama_model.h"
 #include "executor/torch_compat.h"
 #include "planner/errors.h"
@@ -203,7 +204,9 @@ at::Tensor attention(LlamaModel& m, const LlamaBlock& blk, const at::Tensor& x_l
   q = q * m.rope_cos + rotate_half(q) * m.rope_sin;
   k = k * m.rope_cos + rotate_half(k) * m.rope_sin;
   at::Tensor out;
-  if (m.options.use_sdpa) {
+  if (m.cp) {
+    out = cp_attention(*m.cp, q, k, v, m.causal_mask, scale);  // this rank's heads' K and V over the cp group
+  } else if (m.options.use_sdpa) {
     if (!compat::kSdpaHasGqa) {
       k = repeat_kv(k, H / KV);
       v = repeat_kv(v, H / KV);

@@ -37,6 +37,7 @@ ActivationInputs activation_inputs(const TrainingSetup& setup, int64_t micro_bat
   in.selective = selective;
   in.selective_every_second_matmul = fw.selective_every_second_matmul;
   in.quantized_saves_input = fw.quantized_saves_input;
+  in.sp_keeps_gathered_input = fw.sp_keeps_gathered_input;
   // amp under autocast: an fp32 embedding (full fine-tuning) starts an fp32 residual stream;
   // FSDP's mixed precision computes with bf16 parameters instead.
   // (fw.autocast: the caller's judgement that autocast meets fp32 weights for this job and strategy.)
@@ -140,9 +141,12 @@ ActivationTerms layer_activation_terms(const ModelSpec& m, const ActivationInput
   if (m.qk_norm == QkNorm::whole_projection)
     t.tensor += norm_bytes(m, in, T, q, 1, a) + norm_bytes(m, in, T, kv_dim, 1, a);
   // The input each group of linears shares (the norm's output; OLMo 2: the residual stream), kept when
-  // one of them trains.
-  if (keeps_role_input(in, linears, LinearRole::attention_in)) t.sequence += a * T * h;
-  if (keeps_role_input(in, linears, LinearRole::mlp_in)) t.sequence += a * T * h;
+  // one of them trains: a sequence shard under sequence parallelism (Korthikanti et al. 2022, sec.
+  // 4.2.2: Megatron keeps the shard and all-gathers it again in backward), or the all-gathered input
+  // whole on every tp rank where the framework's matmul keeps what it was given.
+  double& shared_input = in.sp_keeps_gathered_input ? t.replicated : t.sequence;
+  if (keeps_role_input(in, linears, LinearRole::attention_in)) shared_input += a * T * h;
+  if (keeps_role_input(in, linears, LinearRole::mlp_in)) shared_input += a * T * h;
   // Attention. Soft-capped scores (Gemma 2) keep tanh's output under eager attention; the fused
   // kernels cap inside. A sliding window does not shrink eager attention: transformers computes the
   // full S x S scores and masks the window (gemma2 eager_attention_forward), so local layers keep the
@@ -243,7 +247,7 @@ int64_t head_activation_bytes(const ModelSpec& m, const ActivationInputs& in) {
   const double h = m.hidden_size;
   ActivationTerms t;
   t.sequence = norm_bytes(m, in, T, h, 1, in.residual_bytes);  // final RMSNorm
-  if (base_trains(in)) t.sequence += a * T * h;                 // lm_head input
+  if (base_trains(in)) (in.sp_keeps_gathered_input ? t.replicated : t.sequence) += a * T * h;  // lm_head input
   return split_activation_bytes(t, in.tp, in.sequence_parallel, in.cp);
 }
 

@@ -81,6 +81,8 @@ struct ActivationInputs {
   bool selective = false;        // selective checkpointing
   bool selective_every_second_matmul = false;  // torchtitan's op-level policy instead of the attention core
   bool quantized_saves_input = false;  // QLoRA: each 4-bit matmul keeps its input (bitsandbytes < 0.43.2)
+  bool sp_keeps_gathered_input = false;  // sequence parallelism: the column-parallel linears' shared input
+                                         // is kept all-gathered (whole on every tp rank), not as a shard
   int residual_bytes = 2;        // the residual stream's element: 4 under fp32, and under amp with autocast
   // One rank's share under tensor (tp, with sequence_parallel) and context (cp) parallelism.
   int64_t tp = 1;
@@ -115,6 +117,7 @@ struct ActivationFramework {
   bool autocast = false;
   bool selective_every_second_matmul = false;
   bool quantized_saves_input = false;
+  bool sp_keeps_gathered_input = false;
 };
 
 // The job's inputs; seq_len is the padded length memory is planned for (TrainingSetup::memory_seq_len).

@@ -52,6 +52,8 @@ const std::vector<std::pair<std::string, Setter>>& leaves() {
       {"defaults.packing", [](P& p, const Json& v, const std::string& n) { p.packing = boolean(v, n); }},
       {"defaults.double_quant", [](P& p, const Json& v, const std::string& n) { p.double_quant = boolean(v, n); }},
       {"activations.gqa_kv_repeated", [](P& p, const Json& v, const std::string& n) { p.gqa_kv_repeated = boolean(v, n); }},
+      {"activations.sp_keeps_gathered_input",
+       [](P& p, const Json& v, const std::string& n) { p.sp_keeps_gathered_input = boolean(v, n); }},
       {"activations.autocast_weight_copies",
        [](P& p, const Json& v, const std::string& n) { p.autocast_weight_copies = boolean(v, n); }},
       {"activations.selective_mode",

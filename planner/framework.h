@@ -52,6 +52,10 @@ struct FrameworkProfile {
 
   // Activations.
   bool gqa_kv_repeated = false;     // attention saves k and v repeated to every query head (repeat_kv)
+  // Sequence parallelism: the column-parallel linears keep their all-gathered input (whole sequence)
+  // for backward, as a plain matmul on the gathered tensor does; false: the shard is kept and gathered
+  // again in backward (Megatron-LM's LinearWithGradAccumulationAndAsyncCommunication).
+  bool sp_keeps_gathered_input = false;
   bool autocast_weight_copies = true;  // amp runs under autocast: bf16 copies of fp32 weights are saved
                                        // for backward, and the residual stream stays fp32
   // What selective checkpointing keeps: "attention-core" (Korthikanti et al. 2022: everything but the

@@ -465,8 +465,11 @@ std::vector<std::string> exec_layout_problems(const Parallelism& p) {
   // Only what a valid layout (parallelism_problems) asks that ftexec cannot do yet.
   std::vector<std::string> out;
   auto d = [](const char* key, int64_t v) { return std::string(key) + "(" + std::to_string(v) + ")"; };
-  if (p.cp > 1)
-    out.push_back(d("cp", p.cp) + " > 1: ftexec has no context parallelism (ring attention is not implemented; the planner still models it)");
+  // Context parallelism (executor/context_parallel.h): K and V all-gathered; the ring is not implemented.
+  if (p.cp > 1 && p.cp_mode != ContextParallel::all_gather)
+    out.push_back("cp_mode=" + to_string(p.cp_mode) + " with " + d("cp", p.cp) +
+                  ": ftexec exchanges K and V by all-gather (cp_mode=all_gather), ring attention is not implemented");
+  if (p.cp > 1 && p.pipelined()) out.push_back(d("cp", p.cp) + " with " + d("pp", p.pp) + ": ftexec runs no pipeline under context parallelism yet");
   if (p.pipelined()) {
     if (p.sharding != Sharding::none)
       out.push_back(d("pp", p.pp) + " with shard=" + sharding_name(p) +
@@ -507,8 +510,16 @@ std::vector<std::string> exec_problems(const TrainingSetup& s, const ModelSpec& 
       if (s.method != Method::full && s.lora.dropout > 0)
         problems.push_back(f + " with --lora-dropout (lora.dropout) " + std::to_string(s.lora.dropout) +
                            ": ftexec runs LoRA dropout 0 under tensor parallelism");
-      if (p.sequence_parallel && s.seq_len % p.tp != 0)
-        problems.push_back(f + " with sp=1: --seq-len (seq_len) " + std::to_string(s.seq_len) + " does not divide by tp");
+      if (p.sequence_parallel && s.seq_len % (p.tp * p.cp) != 0)
+        problems.push_back(f + " with sp=1: --seq-len (seq_len) " + std::to_string(s.seq_len) + " does not divide by tp" +
+                           (p.cp > 1 ? " x cp(" + std::to_string(p.cp) + ")" : std::string()));
+    }
+    if (p.cp > 1) {
+      const std::string f = "--parallel (parallel) " + to_string(p) + ": cp(" + std::to_string(p.cp) + ")";
+      if (model.moe.active()) problems.push_back(f + ": ftexec's context parallelism runs dense Llama blocks, not experts");
+      if (s.method != Method::full && s.lora.dropout > 0)
+        problems.push_back(f + " with --lora-dropout (lora.dropout) " + std::to_string(s.lora.dropout) +
+                           ": ftexec runs LoRA dropout 0 under context parallelism");
     }
   }
   if (s.precision == Precision::mixed_fp32_grads)

@@ -317,7 +317,8 @@ PreparedJob prepare_job(const ModelSpec& model, const HardwareSpec& hw, const Tr
                         : 0;
   for (int ac = 0; ac < 2; ++ac) {
     const ActivationFramework af{fw.gqa_kv_repeated, ac == 1 && fw.autocast_weight_copies && fp32_weights,
-                                 fw.selective_mode == "every-second-matmul", fw.quantized_matmul_saves_input};
+                                 fw.selective_mode == "every-second-matmul", fw.quantized_matmul_saves_input,
+                                 fw.sp_keeps_gathered_input};
     for (Attention a : {Attention::fused, Attention::eager})
       for (int sel = 0; sel < 2; ++sel)
         j.block_bytes_per_sample[static_cast<int>(a)][sel][ac] =

@@ -1,5 +1,6 @@
 #include <cmath>
 
+#include "executor/context_parallel.h"
 #include "executor/device_mesh.h"
 #include "executor/strategies/units.h"
 #include "executor/tensor_parallel.h"
@@ -205,18 +206,27 @@ void emit_replicated(LlamaModel& m, int rank, const DistStrategy::SaveEmit& emit
 
 namespace {
 
-// A layout with tensor parallelism, or a pipeline with data parallelism: the device mesh, the model
-// split over tp, and the inner strategy over the mesh's dp (or pp) communicator. Composition in one
-// order, as torchtitan's parallelize_llama: TP first, then data parallelism over what TP left.
+// A layout with tensor or context parallelism, or a pipeline with data parallelism: the device mesh,
+// the model split over tp and cp, and the inner strategy over the mesh's dp (or pp) communicator.
+// Composition in one order, as torchtitan's parallelize_llama: TP first, then CP, then data
+// parallelism over what they left. Under cp the inner strategy runs over dp x cp (the mesh's dp
+// communicator) with cp folded into its degrees, as torchtitan's dp_shard_cp / dp_cp meshes
+// (torchtitan/distributed/parallel_dims.py, commit 0119de156de558030726b8539ef0078d8aaaec99): into
+// dp_shard when the layout shards (ZeRO/FSDP over dp_shard x cp), into dp_replicate otherwise (DDP).
 class Composed final : public DistStrategy {
  public:
   Composed(LlamaModel& m, Comm& world, const StrategyOptions& o) : m_(m), mesh_(world, o.parallel), o_(o) {
     const ftplan::Parallelism& p = o.parallel;
     if (p.tp > 1) tp_shard_model(m, mesh_.tp(), p);
+    if (p.cp > 1) cp_attach(m, mesh_.cp(), p);
     StrategyOptions inner = o;
     inner.parallel.tp = 1;
     inner.parallel.sequence_parallel = false;
-    if (p.pipelined() || p.dp() == 1) {
+    inner.parallel.cp = 1;
+    if (p.sharding != ftplan::Sharding::none) inner.parallel.dp_shard *= p.cp;
+    else inner.parallel.dp_replicate *= p.cp;
+    if (p.pipelined() || (p.dp() == 1 && p.cp == 1)) {
+      if (p.cp > 1) ftplan::fail_input("parallel layout " + ftplan::name(p) + ": cp with pp: ftexec runs no pipeline under context parallelism yet");
       if (p.sharding != ftplan::Sharding::none)
         ftplan::fail_input("parallel layout " + ftplan::name(p) + ": shard=" + ftplan::sharding_name(p) +
                            " with pp: ftexec replicates pipeline stages over data parallelism (dp_replicate), not sharded yet");
@@ -231,7 +241,8 @@ class Composed final : public DistStrategy {
     }
   }
 
-  int64_t data_parallel_size() const override { return inner_->data_parallel_size(); }
+  // The cp ranks of one dp coordinate read the same micro-batches (each its chunk of them).
+  int64_t data_parallel_size() const override { return inner_->data_parallel_size() / (pipeline_ ? 1 : o_.parallel.cp); }
   int64_t data_parallel_rank(int) const override { return data_parallel_size() > 1 ? mesh_.coordinate("dp") : 0; }
   double step(const std::vector<TokenBatch>& micro) override {
     const double loss = inner_->step(micro);
@@ -280,9 +291,8 @@ std::unique_ptr<DistStrategy> make_dist_strategy(LlamaModel& model, Comm& comm, 
   if (p.gpus() != comm.world())
     ftplan::fail_input("parallel layout " + ftplan::name(p) + ": " + std::to_string(p.gpus()) +
                        " ranks != WORLD_SIZE(" + std::to_string(comm.world()) + ")");
-  if (p.cp != 1 || p.ep != 1)
-    ftplan::fail_input("parallel layout " + ftplan::name(p) + ": ftexec runs no context or expert parallelism");
-  if (p.tp > 1 || (p.pipelined() && p.dp() > 1)) return std::make_unique<Composed>(model, comm, o);
+  if (p.ep != 1) ftplan::fail_input("parallel layout " + ftplan::name(p) + ": ftexec runs no expert parallelism");
+  if (p.tp > 1 || p.cp > 1 || (p.pipelined() && p.dp() > 1)) return std::make_unique<Composed>(model, comm, o);
   if (p.sequence_parallel) ftplan::fail_input("parallel layout " + ftplan::name(p) + ": sp=1 needs tp > 1");
   if (p.pipelined()) {
     if (model.moe_aux.enabled)

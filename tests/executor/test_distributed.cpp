@@ -32,36 +32,40 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-// One run per distinct command line, shared by the tests (each run takes 1-3 s). `save`: the run also
-// writes --save <saved_dir(args)> (the same run serves the loss and the saved tensors).
+// One run per distinct command line, shared by the tests (each run takes 1-3 s on two cores): every
+// run also writes --save <saved_dir(args)> (saving happens after training and its measurement, and
+// costs little), so the same run serves the loss, the bytes, the memory and the saved tensors. Tests
+// that check different things of one layout build their command line with dist_args, so they share it.
 std::map<std::string, std::string>& save_dirs() {
   static std::map<std::string, std::string> dirs;
   return dirs;
 }
 
-nlohmann::json measured(const std::string& args, bool save = false) {
+nlohmann::json measured(const std::string& args) {
   static std::map<std::string, nlohmann::json> cache;
   static ScratchDir dir("dist_runs");
-  const std::string key = args + (save ? " [save]" : "");
-  auto it = cache.find(key);
+  auto it = cache.find(args);
   if (it != cache.end()) return it->second;
   const std::string n = std::to_string(cache.size());
   const std::string out = dir / ("m" + n + ".json");
-  std::string flags = " --timeout-s 60 --out " + out;
-  if (save) {
-    save_dirs()[args] = dir / ("saved" + n);
-    flags += " --save " + save_dirs()[args];
-  }
+  save_dirs()[args] = dir / ("saved" + n);
+  const std::string flags = " --timeout-s 60 --out " + out + " --save " + save_dirs()[args];
   const auto r = run_ftexec(args + flags);
   INFO("ftexec run " << args << flags << "\n" << r.output);
   REQUIRE(r.exit_code == 0);
-  return cache[key] = ftplan::read_json_file(out);
+  return cache[args] = ftplan::read_json_file(out);
 }
 
-// The folder measured(args, true) saved into.
+// The folder measured(args) saved into.
 std::string saved_dir(const std::string& args) {
-  (void)measured(args, true);
+  (void)measured(args);
   return save_dirs().at(args);
+}
+
+// The command line of the shared tiny job (seq 32, micro-batch 2, 4 steps, lr 3e-3) under a preset:
+// the loss, memory, bytes, QLoRA and offload tests ask for the same runs through it.
+std::string dist_args(const std::string& strategy, int nproc, int accum, const std::string& extra = "") {
+  return tiny_job(32, 2, accum, 4) + " --lr 3e-3 " + extra + " --strategy " + strategy + " --nproc " + std::to_string(nproc);
 }
 
 std::string read_text(const std::string& path) {
@@ -184,11 +188,10 @@ TEST_CASE("every strategy reproduces the single-process loss trajectory", "[dist
   const int ref_accum = pipelined ? accum : accum * nproc;
   const std::string lr = " --lr 3e-3";
   const std::string ref_args = tiny_job(32, 2, ref_accum, 4) + lr + " " + extra;
-  const std::string dist_args = tiny_job(32, 2, accum, 4) + lr + " " + extra + " --strategy " + strategy + " --nproc " +
-                                std::to_string(nproc);
+  const std::string run_args = dist_args(strategy, nproc, accum, extra);
   // Both runs also --save (the same runs: saving happens after training and its measurement).
-  const auto ref = measured(ref_args, true);
-  const auto dist = measured(dist_args, true);
+  const auto ref = measured(ref_args);
+  const auto dist = measured(run_args);
   CHECK(dist["ranks"].size() == size_t(nproc));
   CHECK(dist["tokens_per_step"] == ref["tokens_per_step"]);
   const auto a = losses(dist), b = losses(ref);
@@ -203,7 +206,7 @@ TEST_CASE("every strategy reproduces the single-process loss trajectory", "[dist
     const bool adapter = extra.find("--method") != std::string::npos;
     const std::string weights = adapter ? "/adapter_model.safetensors" : "/model.safetensors";
     const std::string config = adapter ? "/adapter_config.json" : "/config.json";
-    const std::string mine = saved_dir(dist_args), theirs = saved_dir(ref_args);
+    const std::string mine = saved_dir(run_args), theirs = saved_dir(ref_args);
     CHECK(dist["saved"]["format"] == (adapter ? "peft" : "hf-safetensors"));
     CHECK(dist["saved"]["tensors"] == ref["saved"]["tensors"]);
     CHECK(read_text(mine + config) == read_text(theirs + config));
@@ -263,8 +266,8 @@ TEST_CASE("a layout no preset names runs from its degrees: HSDP with SHARD_GRAD_
   const std::string job = tiny_job(32, 2, 2, 4) + " --lr 3e-3 ";
   const std::string hybrid_args = job + "--shard-group-size 2 --strategy fsdp_hybrid --nproc 4";
   const std::string args = job + "--parallel dp_replicate=2,dp_shard=2,shard=fsdp_shard_grad_op --nproc 4";
-  const auto hybrid = measured(hybrid_args, true);
-  const auto sgo = measured(args, true);
+  const auto hybrid = measured(hybrid_args);
+  const auto sgo = measured(args);
   CHECK(sgo["candidate"]["strategy"] == "dp_replicate=2,dp_shard=2,shard=fsdp_shard_grad_op");
   CHECK(sgo["candidate"]["parallel"]["dp_replicate"] == 2);
   CHECK(sgo["candidate"]["parallel"]["reshard_after_forward"] == false);
@@ -289,16 +292,25 @@ TEST_CASE("tensor, pipeline and data parallelism composed reproduce the single p
       {4, 2, "tp=2,pp=2,sp=1,schedule=1f1b", ""},
       {8, 2, "tp=2,pp=2,dp_replicate=2,schedule=1f1b", ""},
       {4, 1, "tp=2,sp=1,dp_replicate=2", "--method lora --lora-rank 4 --lora-targets all-linear"},
+      // Context parallelism (cp_mode all_gather, ftexec's): a contiguous half of every sequence per
+      // cp rank, K and V all-gathered; gradients reduced over dp x cp (FSDP shards over dp_shard x cp).
+      {2, 2, "cp=2", ""},
+      {4, 1, "cp=2,dp_replicate=2", ""},
+      {4, 1, "cp=2,dp_shard=2,shard=fsdp", ""},
+      {4, 1, "tp=2,cp=2,sp=1", ""},
   }));
   CAPTURE(nproc, accum, parallel, extra);
-  const auto layout = ftplan::parse_parallelism(parallel, "test");
+  const auto layout = ftplan::parse_parallelism(parallel, "test", "fsdp", ftplan::ContextParallel::all_gather);
   const int ref_accum = accum * int(layout.dp());
   const std::string lr = " --lr 3e-3";
   const std::string ref_args = tiny_job(32, 2, ref_accum, 4) + lr + " " + extra;
-  const std::string dist_args = tiny_job(32, 2, accum, 4) + lr + " " + extra + " --parallel " + parallel + " --nproc " +
-                                std::to_string(nproc);
-  const auto ref = measured(ref_args, true);
-  const auto dist = measured(dist_args, true);
+  // The planner runs context parallelism on fused attention only; ftexec's cp attention is its own
+  // (executor/context_parallel.h) whatever the libtorch.
+  std::string job = tiny_job(32, 2, accum, 4);
+  if (layout.cp > 1) job.replace(job.find("--attention eager"), 17, "--attention fused");
+  const std::string dist_args = job + lr + " " + extra + " --parallel " + parallel + " --nproc " + std::to_string(nproc);
+  const auto ref = measured(ref_args);
+  const auto dist = measured(dist_args);
   CHECK(dist["ranks"].size() == size_t(nproc));
   CHECK(dist["tokens_per_step"] == ref["tokens_per_step"]);
   const auto a = losses(dist), b = losses(ref);
@@ -312,12 +324,14 @@ TEST_CASE("tensor, pipeline and data parallelism composed reproduce the single p
   const std::string weights = adapter ? "/adapter_model.safetensors" : "/model.safetensors";
   const auto diff = saved_difference(saved_dir(dist_args) + weights, saved_dir(ref_args) + weights);
   CHECK(dist["saved"]["tensors"] == ref["saved"]["tensors"]);
-  // Looser than the data-parallel strategies' 1e-6: split matmuls and the tp reductions round
+  // Looser than the data-parallel strategies' 1e-6: split matmuls and the tp reductions (under cp,
+  // the attention's split over K/V chunks and the gradients of K and V summed over cp) round
   // differently, and AdamW turns a rounding-level gradient (|g| near eps) into an update of a few
   // percent of lr. Measured after 4 steps at lr 3e-3: worst ||a-b||/||b|| 2.0e-5 (full), 9.7e-5
-  // (LoRA, lora_B from zeros); the losses agree to 1e-7.
-  CHECK(diff.norm <= (layout.tp > 1 ? 2e-4 : 1e-6));
-  CHECK(diff.max <= (layout.tp > 1 ? 2e-3 : 5e-5));
+  // (LoRA, lora_B from zeros), 2.7e-5 (cp=2,dp_replicate=2; max 6.6e-4); the losses agree to 1e-7.
+  const bool split = layout.tp > 1 || layout.cp > 1;
+  CHECK(diff.norm <= (split ? 2e-4 : 1e-6));
+  CHECK(diff.max <= (split ? 2e-3 : 5e-5));
   if (!adapter) {
     ftexec::LlamaModel fresh = ftexec::llama_create(ftexec_test::tiny_spec(), ftexec::ModelOptions{}, 7);
     CHECK_NOTHROW(ftexec::llama_load_weights(fresh, saved_dir(dist_args)));
@@ -332,13 +346,16 @@ TEST_CASE("tensor, pipeline and data parallelism composed reproduce the single p
     setup.lora.rank = 4;
     setup.lora.targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
   }
-  const auto cand = ftplan::layout_candidate(layout, 2, ftplan::Checkpointing::none, ftplan::Attention::eager);
+  const auto cand = ftplan::layout_candidate(layout, 2, ftplan::Checkpointing::none,
+                                             layout.cp > 1 ? ftplan::Attention::fused : ftplan::Attention::eager);
   const auto ctx = ftplan::prepare_plan(model, hw, setup, nproc, ftplan::shard_shape(layout));
   const auto step = ftplan::estimate_step(ctx, cand);
   const auto est = ftplan::estimate_memory(model, hw, setup, cand);
   const std::map<std::string, double> planned = {{"tp", step.comm_bytes_per_group.tp},
+                                                 {"cp", step.comm_bytes_per_group.cp},
                                                  {"pp", step.comm_bytes_per_group.pp},
                                                  {"dp", step.comm_bytes_per_group.dp}};
+  if (layout.cp > 1) CHECK(step.comm_bytes_per_group.cp > 0);
   std::cout << "[dist][tp] " << parallel << (adapter ? " lora" : "") << " x" << nproc << ": loss max rel diff " << loss_diff
             << ", saved ||a-b||/||b|| " << diff.norm;
   for (const auto& [g, bytes] : planned) {
@@ -358,9 +375,11 @@ TEST_CASE("tensor, pipeline and data parallelism composed reproduce the single p
     if (layout.pp == 1) CHECK_THAT(rank["peak_memory_bytes"].get<double>(), Catch::Matchers::WithinRel(double(est.per_gpu.total), 0.10));
     peak = std::max(peak, rank["peak_memory_bytes"].get<double>());
   }
-  // Known gap: tp x pp with sequence parallelism holds 12% more than the planner predicts (the
-  // gathered full-sequence copies of the in-flight micro-batches); reported, not asserted.
-  if (!(layout.pp > 1 && layout.sequence_parallel)) CHECK_THAT(peak, Catch::Matchers::WithinRel(double(est.per_gpu.total), 0.10));
+  // tp x pp with sequence parallelism was 12% above the plan: ftexec's column-parallel linears keep
+  // their all-gathered (whole-sequence) input, for every micro-batch in flight, where the planner
+  // counted Megatron's shard; ftexec's profile now says so (sp_keeps_gathered_input): +8% (what is
+  // left, as in every pipeline here, is the backward's transient gradients on stage 0, unmodelled).
+  CHECK_THAT(peak, Catch::Matchers::WithinRel(double(est.per_gpu.total), 0.10));
   const double worst_mem = (peak - est.per_gpu.total) / est.per_gpu.total;
   std::cout << ", peak memory (most loaded rank) " << peak << " B vs plan " << est.per_gpu.total << " B ("
             << 100 * worst_mem << " %)\n";
@@ -375,7 +394,9 @@ TEST_CASE("bad layouts and a --save that cannot be written are refused before tr
       {"--parallel tp=4 --nproc 4", "tp(4) does not divide num_key_value_heads(2): ftexec splits KV heads"},
       {"--parallel tp=2 --nproc 4", "--parallel tp=2: dp_replicate(1) * dp_shard(1) * cp(1) * tp(2) * pp(1) = 2 != WORLD_SIZE(4)"},
       {"--parallel tp=2 --method qlora --nproc 2", "tp(2) with --method (method) qlora: ftexec splits dense weights only"},
-      {"--parallel cp=2 --nproc 2", "cp(2) > 1: ftexec has no context parallelism"},
+      {"--parallel cp=2,cp_mode=ring --nproc 2",
+       "cp_mode=ring with cp(2): ftexec exchanges K and V by all-gather (cp_mode=all_gather), ring attention is not implemented"},
+      {"--parallel cp=2,pp=2 --nproc 4", "cp(2) with pp(2): ftexec runs no pipeline under context parallelism yet"},
       {"--parallel pp=2,dp_shard=2 --nproc 4", "ftexec replicates pipeline stages over data parallelism (dp_replicate), not sharded yet"},
       {"--parallel dp_shard=4 --nproc 2", "--parallel dp_shard=4,shard=fsdp: dp_replicate(1) * dp_shard(4) * cp(1) * tp(1) * pp(1) = 4 != WORLD_SIZE(2)"},
       {"--strategy fsdp_hybrid --shard-group-size 3 --nproc 4",
@@ -439,13 +460,17 @@ TEST_CASE("weight decay skips biases and norms inside flat shards as the single 
 TEST_CASE("per-rank memory orders as the planner says and is within 10% of it", "[dist][memory]") {
   // Full fine-tuning, fp32, seq 32 x micro-batch 2: model states (16 B per parameter, 1.98 MB) and
   // the communication buffers dominate the activations.
+  // (Each strategy at the grad_accum its loss-trajectory row runs with: the same runs.)
   const int nproc = GENERATE(2, 4);
   const auto model = ftexec_test::tiny_spec();
   const auto hw = ftplan::load_hardware("cpu");
   std::map<std::string, double> peak;
+  const std::map<std::string, int> accum_of = nproc == 2 ? std::map<std::string, int>{{"ddp", 1}, {"zero1", 1}, {"zero2", 2}, {"zero3", 2}, {"fsdp", 1}}
+                                                         : std::map<std::string, int>{{"ddp", 1}, {"zero1", 2}, {"zero2", 1}, {"zero3", 1}, {"fsdp", 2}};
   for (const std::string s : {"ddp", "zero1", "zero2", "zero3", "fsdp"}) {
-    const auto m = measured(tiny_job(32, 2, 1, 3) + " --strategy " + s + " --nproc " + std::to_string(nproc));
-    const auto setup = tiny_setup(32, 2, 1, nproc);
+    const int accum = accum_of.at(s);
+    const auto m = measured(dist_args(s, nproc, accum));
+    const auto setup = tiny_setup(32, 2, accum, nproc);
     const auto est = ftplan::estimate_memory(model, hw, setup, candidate_of(ftplan::parse_strategy(s, "test"), 2, nproc, hw));
     for (const auto& rank : m["ranks"]) {
       const double measured_peak = rank["peak_memory_bytes"].get<double>();
@@ -470,17 +495,18 @@ TEST_CASE("FSDP shard-grad-op and hybrid: per-rank memory within 10% of the plan
   // fsdp_shard_grad_op holds every gathered unit at the turn from forward to backward (the planner:
   // all weights + the shard); fsdp_hybrid shards over its group only (4 ranks, groups of 2: half the
   // model states of fsdp on 4, those of fsdp on 2).
-  const auto [strategy, nproc, group] = GENERATE(table<std::string, int, int>({
-      {"fsdp_shard_grad_op", 2, 0}, {"fsdp_shard_grad_op", 4, 0}, {"fsdp_hybrid", 4, 2}}));
-  CAPTURE(strategy, nproc, group);
+  // (grad_accum: the loss-trajectory rows', whose runs these are; fsdp's at the same accumulation.)
+  const auto [strategy, nproc, group, accum] = GENERATE(table<std::string, int, int, int>({
+      {"fsdp_shard_grad_op", 2, 0, 2}, {"fsdp_shard_grad_op", 4, 0, 1}, {"fsdp_hybrid", 4, 2, 2}}));
+  CAPTURE(strategy, nproc, group, accum);
   const auto model = ftexec_test::tiny_spec();
   auto hw = ftplan::load_hardware("cpu");
   if (group > 0) hw.gpus_per_node = group;
-  const std::string flags = group > 0 ? " --shard-group-size " + std::to_string(group) : "";
-  const auto m = measured(tiny_job(32, 2, 1, 3) + " --strategy " + strategy + " --nproc " + std::to_string(nproc) + flags);
-  const auto est = ftplan::estimate_memory(model, hw, tiny_setup(32, 2, 1, nproc),
+  const std::string flags = group > 0 ? "--shard-group-size " + std::to_string(group) : "";
+  const auto m = measured(dist_args(strategy, nproc, accum, flags));
+  const auto est = ftplan::estimate_memory(model, hw, tiny_setup(32, 2, accum, nproc),
                                            candidate_of(ftplan::parse_strategy(strategy, "test"), 2, nproc, hw));
-  const auto fsdp = measured(tiny_job(32, 2, 1, 3) + " --strategy fsdp --nproc " + std::to_string(nproc));
+  const auto fsdp = measured(dist_args("fsdp", nproc, accum));
   for (size_t r = 0; r < m["ranks"].size(); ++r) {
     const auto& rank = m["ranks"][r];
     const double measured_peak = rank["peak_memory_bytes"].get<double>();
@@ -516,17 +542,14 @@ TEST_CASE("offload: the device keeps what the planner says, the host the rest, t
     setup.method = ftplan::Method::qlora;
     setup.lora.rank = 4;
     setup.lora.targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
-    flags = " --method qlora --lora-rank 4 --lora-targets all-linear";
+    flags = "--method qlora --lora-rank 4 --lora-targets all-linear";
   }
-  const std::string lr = method == "full" ? "" : " --lr 3e-3";
-  const auto m = measured(tiny_job(32, 2, accum, method == "full" ? 3 : 4) + lr + flags + " --strategy " + strategy +
-                          " --nproc " + std::to_string(nproc));
+  const auto m = measured(dist_args(strategy, nproc, accum, flags));
   const auto est = ftplan::estimate_memory(model, hw, setup, candidate_of(ftplan::parse_strategy(strategy, "test"), 2, nproc, hw));
   const std::string sibling = strategy == "zero2_offload" ? "zero2" : "zero3";
   const double sibling_peak =
       nproc < 2 ? 0.0
-                : measured(tiny_job(32, 2, accum, method == "full" ? 3 : 4) + lr + flags + " --strategy " + sibling +
-                           " --nproc " + std::to_string(nproc))["ranks"][0]["peak_memory_bytes"].get<double>();
+                : measured(dist_args(sibling, nproc, accum, flags))["ranks"][0]["peak_memory_bytes"].get<double>();
   for (const auto& rank : m["ranks"]) {
     const double peak = rank["peak_memory_bytes"].get<double>();
     const auto& c = rank["components"];
@@ -567,8 +590,7 @@ TEST_CASE("QLoRA under every data-parallel strategy: bytes equal the planner's, 
       {"fsdp_shard_grad_op", 2, 1}}));
   CAPTURE(strategy, nproc, accum);
   const std::string qlora = "--method qlora --lora-rank 4 --lora-targets all-linear";
-  const auto m = measured(tiny_job(32, 2, accum, 4) + " --lr 3e-3 " + qlora + " --strategy " + strategy + " --nproc " +
-                          std::to_string(nproc));
+  const auto m = measured(dist_args(strategy, nproc, accum, qlora));
   const auto model = ftexec_test::tiny_spec();
   const auto hw = ftplan::load_hardware("cpu");
   auto setup = tiny_setup(32, 2, accum, nproc);
@@ -610,8 +632,8 @@ TEST_CASE("measured bytes per collective equal the planner's communication volum
   // as the hardware's gpus_per_node (its Interconnect then has N / group nodes, whose replicas
   // all-reduce the gradient shards).
   const auto [strategy, nproc, accum, group] = GENERATE(table<std::string, int, int, int>({
-      {"ddp", 2, 1, 0}, {"ddp", 4, 2, 0}, {"zero1", 4, 2, 0}, {"zero2", 2, 2, 0}, {"zero2", 4, 1, 0},
-      {"zero3", 2, 2, 0}, {"zero3", 4, 1, 0}, {"fsdp", 4, 1, 0}, {"fsdp", 2, 2, 0},
+      {"ddp", 2, 1, 0}, {"ddp", 4, 1, 0}, {"zero1", 4, 2, 0}, {"zero2", 2, 2, 0}, {"zero2", 4, 1, 0},
+      {"zero3", 2, 2, 0}, {"zero3", 4, 1, 0}, {"fsdp", 4, 2, 0}, {"fsdp", 2, 1, 0},
       {"fsdp_shard_grad_op", 2, 2, 0}, {"fsdp_shard_grad_op", 4, 1, 0},
       {"fsdp_hybrid", 4, 1, 2}, {"fsdp_hybrid", 4, 2, 2}, {"fsdp_hybrid", 4, 1, 4},
       {"zero2_offload", 2, 2, 0}, {"zero3_offload", 4, 1, 0}}));
@@ -623,8 +645,8 @@ TEST_CASE("measured bytes per collective equal the planner's communication volum
   const auto ctx = ftplan::prepare_plan(model, hw, setup, nproc);
   const double planned =
       ftplan::estimate_step(ctx, candidate_of(ftplan::parse_strategy(strategy, "test"), 2, nproc, hw)).comm_bytes_per_step;
-  const std::string flags = group > 0 ? " --shard-group-size " + std::to_string(group) : "";
-  const auto m = measured(tiny_job(32, 2, accum, 3) + " --strategy " + strategy + " --nproc " + std::to_string(nproc) + flags);
+  const std::string flags = group > 0 ? "--shard-group-size " + std::to_string(group) : "";
+  const auto m = measured(dist_args(strategy, nproc, accum, flags));
   if (strategy == "fsdp_hybrid" && group < nproc) {
     // Once per step each rank all-reduces its gradient shards (M/S bytes) across the N/S replicas.
     const double shard_grads = (ctx.grad_bytes / group);
@@ -666,7 +688,7 @@ TEST_CASE("pipelines send each micro-batch's activation forward and its gradient
   // The busiest stage sends one activation (B·S·hidden·4 bytes) per micro-batch and direction it
   // has: with two stages, stage 0 sends activations and stage 1 their gradients.
   const auto [strategy, accum] = GENERATE(table<std::string, int>({{"mp", 2}, {"pipeline", 3}, {"pipeline_1f1b", 3}}));
-  const auto m = measured(tiny_job(32, 2, accum, 3) + " --strategy " + strategy + " --nproc 2");
+  const auto m = measured(dist_args(strategy, 2, accum));
   const double act = 2.0 * 32 * 64 * 4;
   for (const auto& rank : m["ranks"]) CHECK(rank["comm_bytes"]["send"].get<double>() == accum * act);
   // The planner's comm_bytes_per_step is the busiest stage's: one activation per micro-batch with
@@ -754,28 +776,30 @@ TEST_CASE("a rank that dies or hangs ends the run with an error naming it", "[di
 }
 
 TEST_CASE("a run stopped after a checkpoint resumes with the identical loss", "[dist][checkpoint]") {
-  const auto [strategy, nproc] = GENERATE(table<std::string, int>(
-      {{"ddp", 2}, {"zero2", 2}, {"zero3", 4}, {"pipeline", 2}, {"zero2_offload", 2}, {"zero3_offload", 2},
-       {"single", 1}}));  // one process: the same run path, its checkpoints too
-  CAPTURE(strategy, nproc);
+  // (grad_accum: the loss-trajectory rows', so the uninterrupted run is theirs.)
+  const auto [strategy, nproc, accum] = GENERATE(table<std::string, int, int>(
+      {{"ddp", 2, 1}, {"zero2", 2, 2}, {"zero3", 4, 1}, {"pipeline", 2, 3}, {"zero2_offload", 2, 2}, {"zero3_offload", 2, 2},
+       {"single", 1, 2}}));  // one process: the same run path, its checkpoints too
+  CAPTURE(strategy, nproc, accum);
   ScratchDir dir("dist_ckpt_" + strategy);
-  const std::string job = tiny_job(32, 2, 2, 6) + " --lr 3e-3 --strategy " + strategy + " --nproc " + std::to_string(nproc);
+  const std::string job = dist_args(strategy, nproc, accum);  // 4 steps
   const auto full = measured(job);
-  // Killed at step 5, after the checkpoint of step 4 (and 2) was complete.
+  // Killed at step 3, after the checkpoint of step 2 was complete.
   const std::string ck = " --checkpoint-dir " + dir / "ck" + " --checkpoint-every 2";
-  const auto stopped = run_ftexec(job + ck + " --fault-inject 0:5:kill --out " + dir / "stopped.json");
+  const auto stopped = run_ftexec(job + ck + " --fault-inject 0:3:kill --out " + dir / "stopped.json");
   INFO(stopped.output);
   REQUIRE(stopped.exit_code != 0);
-  CHECK(std::filesystem::exists(dir / "ck/step-4/manifest.json"));
+  CHECK(std::filesystem::exists(dir / "ck/step-2/manifest.json"));
+  CHECK_FALSE(std::filesystem::exists(dir / "ck/step-4"));
   const auto resumed = run_ftexec(job + ck + " --resume --out " + dir / "resumed.json");
   INFO(resumed.output);
   REQUIRE(resumed.exit_code == 0);
   const auto m = ftplan::read_json_file(dir / "resumed.json");
-  CHECK(m["first_step"] == 4);
+  CHECK(m["first_step"] == 2);
   const auto all = losses(full), tail = losses(m);
   REQUIRE(tail.size() == 2);
-  CHECK(tail[0] == all[4]);  // bit for bit
-  CHECK(tail[1] == all[5]);
+  CHECK(tail[0] == all[2]);  // bit for bit
+  CHECK(tail[1] == all[3]);
 }
 
 TEST_CASE("ranks read torchrun, Slurm and OpenMPI environments", "[dist][launch]") {
