@@ -11,7 +11,6 @@
 #include <iostream>
 #include <optional>
 
-#include <ATen/Parallel.h>
 #include <CLI/CLI.hpp>
 
 #include "executor/calibrate.h"
