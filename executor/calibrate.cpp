@@ -79,7 +79,20 @@ nlohmann::json calibrate_device(const ExecJob& job, const std::string& hw_id, Co
       for (int64_t bytes = 4096; bytes <= (INT64_C(16) << 20); bytes *= 4) {
         at::Tensor t = at::ones({bytes / 4}, at::TensorOptions().dtype(at::kFloat).device(at::Device(job.device)));
         comm.barrier();
-        const double sec = member ? time_best_s([&] { comm.all_reduce_ring(t, 0, group); }, cuda, 0.3) : 0.0;
+        // A fixed number of repeats: every member must run the same collectives (a time budget would
+        // let the ranks' counts differ and leave one waiting).
+        double sec = 0;
+        if (member) {
+          comm.all_reduce_ring(t, 0, group);  // warm-up
+          if (cuda) compat::cuda_synchronize();
+          sec = std::numeric_limits<double>::infinity();
+          for (int rep = 0; rep < 5; ++rep) {
+            const auto t0 = Clock::now();
+            comm.all_reduce_ring(t, 0, group);
+            if (cuda) compat::cuda_synchronize();
+            sec = std::min(sec, std::chrono::duration<double>(Clock::now() - t0).count());
+          }
+        }
         const double secs = comm.all_reduce_scalar(sec, true);  // the slowest member's
         const double wire = ftplan::wire_bytes(ftplan::Collective::all_reduce, double(bytes), n);
         xs_steps.push_back(2.0 * (n - 1));
