@@ -198,3 +198,55 @@ TEST_CASE("a knob the framework does not offer, or refuses, is bad input naming 
                     Contains("--loss chunked") && Contains("full, fused-linear"));
   CHECK_THROWS_WITH(ftplan::framework_profile("no-such-framework"), Contains("--framework"));
 }
+
+TEST_CASE("torchtune FSDP LoRA: the stated settings of two README rows cannot produce their published figures", "[framework][memory]") {
+  // Why the validation cases tt-l2-70b-lora-8xa100 and tt-l2-7b-lora-2x4090 are planned for alpaca rows truncated
+  // at 512 tokens rather than the README's stated 4096 / 2048: hand-derived lower bounds of the stated settings.
+  const auto a100 = ftplan::load_hardware("a100-80gb-sxm");
+  SECTION("Llama-2-70B, LoRA q,k,v r16, 8 GPUs, 4 x 4096 tokens, checkpointing: weights + layer inputs > 24.59 GiB") {
+    const auto model = ftplan::load_model("llama-2-70b");
+    auto s = job("llama-2-70b", "torchtune", Method::lora);
+    s.precision = ftplan::Precision::bf16;
+    s.fsdp_version = 1;
+    s.num_gpus = 8;
+    s.seq_len = 4096;
+    s.lora.rank = 16;
+    s.lora.targets = {"q_proj", "k_proj", "v_proj"};
+    const Candidate c = ftplan::preset_candidate(Strategy::fsdp, 8, a100, 4, Checkpointing::full, ftplan::Attention::fused);
+    const auto e = ftplan::estimate_memory(model, a100, s, c);
+    // 68,976,648,192 frozen bf16 parameters + 44,564,480 bf16 adapters, sharded over 8: 17,255,303,168 B.
+    CHECK(e.per_gpu.weights == (INT64_C(68976648192) + 44564480) * 2 / 8);
+    // 80 layer inputs of 4 x 4096 tokens x 8192 x 2 B = 21,474,836,480 B (20 GiB), plus the block recomputed.
+    const int64_t checkpoints = INT64_C(80) * 4 * 4096 * 8192 * 2;
+    CHECK(checkpoints == INT64_C(21474836480));
+    CHECK(e.per_gpu.activations > checkpoints);
+    // Together over 36 GiB, the published row 26.4 GB = 24.59 GiB.
+    CHECK(e.per_gpu.weights + checkpoints > INT64_C(36) * (INT64_C(1) << 30));  // 36.07 GiB
+  }
+  SECTION("Llama-2-7B, LoRA q,v r8, 2 GPUs, 4 x 2048 tokens, no checkpointing (7B_lora.yaml): over the 24 GB card") {
+    const auto rtx = ftplan::load_hardware("rtx-4090");
+    const auto model = ftplan::load_model("llama-2-7b");
+    auto s = job("llama-2-7b", "torchtune", Method::lora);
+    s.precision = ftplan::Precision::bf16;
+    s.fsdp_version = 1;
+    s.num_gpus = 2;
+    s.seq_len = 2048;
+    s.lora.rank = 8;
+    s.lora.targets = {"q_proj", "v_proj"};
+    const Candidate c = ftplan::preset_candidate(Strategy::fsdp, 2, rtx, 4, Checkpointing::none, ftplan::Attention::fused);
+    const auto e = ftplan::estimate_memory(model, rtx, s, c);
+    // Per token and layer at least SDPA's q, k, v, output (4 x 4096 x 2 B) and the SiLU-mul's gate and up outputs
+    // (2 x 11008 x 2 B) and the two norms' bf16 inputs (2 x 4096 x 2 B): 93,184 B; x 32 layers x 8192 tokens.
+    const int64_t floor = INT64_C(32) * 8192 * (4 * 4096 * 2 + 2 * 11008 * 2 + 2 * 4096 * 2);
+    CHECK(floor == INT64_C(24427626496));
+    CHECK(e.per_gpu.activations > floor);
+    CHECK(e.per_gpu.weights + floor > rtx.memory_bytes);
+    SECTION("alpaca rows truncated at 512 (torchtune/datasets/_alpaca.py at 0217d44c): a quarter of the activations") {
+      auto short_rows = s;
+      short_rows.seq_len = 512;
+      const auto e512 = ftplan::estimate_memory(model, rtx, short_rows, c);
+      CHECK(e512.per_gpu.activations * 4 == Approx(double(e.per_gpu.activations)).epsilon(0.01));
+      CHECK(e512.per_gpu.weights == e.per_gpu.weights);
+    }
+  }
+}
