@@ -98,6 +98,10 @@ struct FrameworkProfile {
   int64_t nccl_bytes_per_gpu = 0;       // distributed runs
   int64_t host_process_bytes_per_rank = 0;  // the Python process, CUDA libraries, data loader
   double reserved_over_allocated = 1.0; // the caching allocator's reserved peak / allocated peak
+  // The same ratio when memory runs out: before raising an out-of-memory error the allocator releases the
+  // cached blocks no tensor uses and retries, so only the slack inside segments in use can make a job fail.
+  // fits is judged with it; at most reserved_over_allocated.
+  double reserved_over_allocated_at_oom = 1.0;
 
   // Knobs the framework offers (bad input otherwise).
   bool offers_activation_offload = false;
