@@ -86,6 +86,7 @@ const std::vector<std::pair<std::string, Setter>>& leaves() {
       {"optimizer.step_transient_bytes_per_param",
        [](P& p, const Json& v, const std::string& n) { p.optimizer_step_transient_bytes_per_param = number_in(v, n, 0, 64); }},
       {"loading.host_copies", [](P& p, const Json& v, const std::string& n) { p.load_host_copies = host_copies(v, n); }},
+      {"loading.unties_embeddings", [](P& p, const Json& v, const std::string& n) { p.unties_embeddings = boolean(v, n); }},
       {"loading.amp_frozen_weight_bytes",
        [](P& p, const Json& v, const std::string& n) { p.amp_frozen_weight_bytes = number_in(v, n, 2, 4); }},
       {"saving.host_copies", [](P& p, const Json& v, const std::string& n) { p.save_host_copies = host_copies(v, n); }},
@@ -273,6 +274,11 @@ Json resolved_profile_json(const std::string& path, int depth) {
 }
 
 }  // namespace
+
+ModelSpec model_as_built(ModelSpec model, const FrameworkProfile& fw) {
+  if (fw.unties_embeddings) model.tie_word_embeddings = false;
+  return model;
+}
 
 FrameworkProfile load_framework(const std::string& name_or_path) {
   const std::string path = resolve_data_file(name_or_path, "configs/frameworks", "--framework");

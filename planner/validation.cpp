@@ -51,7 +51,7 @@ ValidationCase run_case(const nlohmann::json& c, const std::map<std::string, std
   TrainingSetup setup = training_setup_from_json(c.at("job"), where + ": job");
   apply_framework(setup, framework_profile(setup.framework));
   setup.headroom_fraction = 0;  // a published OOM is judged against the whole GPU
-  const ModelSpec model = load_model(setup.model);
+  const ModelSpec model = model_as_built(load_model(setup.model), framework_profile(setup.framework));
   apply_model(setup, model);
   HardwareSpec hw = load_hardware(setup.gpu);
   apply_topology(setup, hw);

@@ -319,3 +319,21 @@ TEST_CASE("fits is judged with the slack the allocator keeps at an OOM, not the 
     CHECK(eh.fit_bytes == eh.device_peak);
   }
 }
+
+TEST_CASE("litgpt unties a tied checkpoint: Llama-3.2-1B gets a separate lm_head", "[framework][memory]") {
+  // Llama-3.2-1B ties lm_head to the 128256 x 2048 embedding (config.json tie_word_embeddings). litgpt's
+  // convert_hf_checkpoint copies the embedding into lm_head.weight and its finetune recipes never tie, so
+  // the model it trains holds 128256 x 2048 = 262,668,288 more bf16 parameters: 525,336,576 bytes.
+  const auto tied = ftplan::load_model("llama-3.2-1b");
+  REQUIRE(tied.tie_word_embeddings);
+  const auto lit = ftplan::model_as_built(tied, ftplan::framework_profile("lightning"));
+  CHECK_FALSE(lit.tie_word_embeddings);
+  CHECK(ftplan::model_as_built(tied, ftplan::framework_profile("hf")).tie_word_embeddings);
+  const auto hw = ftplan::load_hardware("a10g");
+  auto s = job("llama-3.2-1b", "lightning", Method::lora);
+  s.seq_len = 512;
+  const Candidate c = ftplan::preset_candidate(Strategy::single, 1, hw, 1, Checkpointing::none, ftplan::Attention::fused);
+  const auto e_tied = ftplan::estimate_memory(tied, hw, s, c);
+  const auto e_lit = ftplan::estimate_memory(lit, hw, s, c);
+  CHECK(e_lit.per_gpu.weights - e_tied.per_gpu.weights == INT64_C(128256) * 2048 * 2);
+}
