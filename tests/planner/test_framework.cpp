@@ -337,3 +337,22 @@ TEST_CASE("litgpt unties a tied checkpoint: Llama-3.2-1B gets a separate lm_head
   const auto e_lit = ftplan::estimate_memory(lit, hw, s, c);
   CHECK(e_lit.per_gpu.weights - e_tied.per_gpu.weights == INT64_C(128256) * 2048 * 2);
 }
+
+TEST_CASE("fsdp (accelerate) takes FSDP's published allocated/reserved pair; fits its at-OOM slack", "[framework][memory]") {
+  // The one published pair of peaks of a PyTorch FSDP run is Answer.AI's (10.24 vs 8.28 GiB, 10.22 vs 9.16 GiB):
+  // the fsdp profile states the same 1.18, and fits with the 1.04 left at an out-of-memory error.
+  const auto fsdp = ftplan::framework_profile("fsdp");
+  const auto aai = ftplan::framework_profile("answerai-fsdp");
+  CHECK(fsdp.reserved_over_allocated == aai.reserved_over_allocated);
+  CHECK(fsdp.reserved_over_allocated_at_oom == 1.04);
+  const auto model = ftplan::load_model("llama-2-70b");
+  const auto hw = ftplan::load_hardware("h100-sxm");
+  auto s = job("llama-2-70b", "fsdp", Method::qlora);
+  s.num_gpus = 2;
+  s.seq_len = 2048;
+  const Candidate c = ftplan::preset_candidate(Strategy::fsdp, 2, hw, 2, Checkpointing::full, ftplan::Attention::fused);
+  const auto e = ftplan::estimate_memory(model, hw, s, c);
+  CHECK(e.reserved_peak == int64_t(std::ceil(double(e.allocated_peak) * 1.18)));
+  CHECK(e.fit_bytes >= int64_t(std::ceil(double(e.allocated_peak) * 1.04)) + fsdp.cuda_context_bytes + fsdp.nccl_bytes_per_gpu);
+  CHECK(e.fit_bytes < e.device_peak);
+}
