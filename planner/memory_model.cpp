@@ -864,10 +864,12 @@ std::vector<std::string> memory_assumptions(const ModelSpec& model, const Hardwa
     fig << "figures: allocated (torch.cuda.max_memory_allocated) = the terms + " << format_bytes(fw.cublas_workspace_bytes)
         << " cuBLAS workspace; reserved (max_memory_reserved) = allocated x " << format_fixed(fw.reserved_over_allocated, 2)
         << "; device (nvidia-smi) = reserved + " << format_bytes(fw.cuda_context_bytes) << " CUDA context + "
-        << format_bytes(fw.nccl_bytes_per_gpu) << " NCCL buffers when distributed; fits and total use device";
+        << format_bytes(fw.nccl_bytes_per_gpu) << " NCCL buffers when distributed; ";
     if (fw.reserved_over_allocated_at_oom < fw.reserved_over_allocated)
-      fig << ", fits with reserved = allocated x " << format_fixed(fw.reserved_over_allocated_at_oom, 2)
-          << " (the allocator releases unused cache and retries before it fails)";
+      fig << "total uses device; fits uses device with reserved = allocated x " << format_fixed(fw.reserved_over_allocated_at_oom, 2)
+          << " (the allocator releases its unused cache and retries before it fails)";
+    else
+      fig << "fits and total use device";
     lines.push_back(fig.str());
   }
   lines.push_back("phases: load (weights only, a sharded strategy's unit being sharded, QLoRA quantising one weight), "
