@@ -92,7 +92,7 @@ LoadedJob load_job(const JobOptions& o) {
   naming_imports(job, [&] { apply_framework(s, framework_profile(s.framework)); });
 
   job.model_path = resolve_data_file(s.model, "configs/models", "--model");
-  job.model = load_model(s.model);
+  job.model = model_as_built(load_model(s.model), framework_profile(s.framework));
   apply_model(s, job.model);
   naming_imports(job, [&] {
     validate_job(s, job.model, o.job_file);

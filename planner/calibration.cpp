@@ -89,7 +89,7 @@ PreparedRun prepare_run(const CalibrationRun& run, const HardwareSpec& hw) {
   p.setup = training_setup_from_json(run.job, run.path + ": job");
   p.setup.framework = run.framework;
   apply_framework(p.setup, framework_profile(run.framework));
-  p.model = load_model(p.setup.model);
+  p.model = model_as_built(load_model(p.setup.model), framework_profile(p.setup.framework));
   apply_model(p.setup, p.model);
   HardwareSpec h = hw;
   apply_topology(p.setup, h);

@@ -113,7 +113,7 @@ nlohmann::json plan_for_framework(const nlohmann::json& plan, const std::string&
   TrainingSetup setup = training_setup_from_json(plan.at("job"), "plan: job");
   setup.framework = framework;
   apply_framework(setup, framework_profile(framework));
-  const ModelSpec model = load_model(setup.model);
+  const ModelSpec model = model_as_built(load_model(setup.model), framework_profile(setup.framework));
   apply_model(setup, model);
   HardwareSpec hw = load_hardware(setup.gpu);
   apply_topology(setup, hw);

@@ -10,6 +10,7 @@
 
 #include "planner/data_paths.h"
 #include "planner/errors.h"
+#include "planner/format.h"
 #include "planner/json_fields.h"
 
 namespace ftplan {
@@ -85,6 +86,7 @@ const std::vector<std::pair<std::string, Setter>>& leaves() {
       {"optimizer.step_transient_bytes_per_param",
        [](P& p, const Json& v, const std::string& n) { p.optimizer_step_transient_bytes_per_param = number_in(v, n, 0, 64); }},
       {"loading.host_copies", [](P& p, const Json& v, const std::string& n) { p.load_host_copies = host_copies(v, n); }},
+      {"loading.unties_embeddings", [](P& p, const Json& v, const std::string& n) { p.unties_embeddings = boolean(v, n); }},
       {"loading.amp_frozen_weight_bytes",
        [](P& p, const Json& v, const std::string& n) { p.amp_frozen_weight_bytes = number_in(v, n, 2, 4); }},
       {"saving.host_copies", [](P& p, const Json& v, const std::string& n) { p.save_host_copies = host_copies(v, n); }},
@@ -100,6 +102,8 @@ const std::vector<std::pair<std::string, Setter>>& leaves() {
        [](P& p, const Json& v, const std::string& n) { p.host_process_bytes_per_rank = int64_t(number_in(v, n, 0, kMaxBytes)); }},
       {"runtime.reserved_over_allocated",
        [](P& p, const Json& v, const std::string& n) { p.reserved_over_allocated = number_in(v, n, 1, 2); }},
+      {"runtime.reserved_over_allocated_at_oom",
+       [](P& p, const Json& v, const std::string& n) { p.reserved_over_allocated_at_oom = number_in(v, n, 1, 2); }},
       {"knobs.activation_offload",
        [](P& p, const Json& v, const std::string& n) { p.offers_activation_offload = boolean(v, n); }},
       {"knobs.optimizer_in_backward",
@@ -238,6 +242,10 @@ FrameworkProfile framework_profile_from_json(const Json& j, const std::string& w
   if (!p.losses.count(p.loss)) fail_input(where + ": defaults: loss: '" + to_string(p.loss) + "' is not in losses");
   if (std::find(p.fsdp_versions.begin(), p.fsdp_versions.end(), p.fsdp_version) == p.fsdp_versions.end())
     fail_input(where + ": defaults: fsdp_version: not in knobs.fsdp_versions");
+  if (p.reserved_over_allocated_at_oom > p.reserved_over_allocated)
+    fail_input(where + ": runtime: reserved_over_allocated_at_oom: " + format_fixed(p.reserved_over_allocated_at_oom, 3) +
+               " is above reserved_over_allocated " + format_fixed(p.reserved_over_allocated, 3) +
+               " (the allocator only releases cache when memory runs out)");
   return p;
 }
 
@@ -266,6 +274,11 @@ Json resolved_profile_json(const std::string& path, int depth) {
 }
 
 }  // namespace
+
+ModelSpec model_as_built(ModelSpec model, const FrameworkProfile& fw) {
+  if (fw.unties_embeddings) model.tie_word_embeddings = false;
+  return model;
+}
 
 FrameworkProfile load_framework(const std::string& name_or_path) {
   const std::string path = resolve_data_file(name_or_path, "configs/frameworks", "--framework");

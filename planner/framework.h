@@ -16,6 +16,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "planner/model_spec.h"
 #include "planner/training_setup.h"
 
 namespace ftplan {
@@ -89,6 +90,7 @@ struct FrameworkProfile {
   // Loading and saving.
   double amp_frozen_weight_bytes = 2;  // amp: a frozen (LoRA base) weight's bytes: 2 when loaded in bf16, 4 in fp32
   HostCopies load_host_copies = HostCopies::per_rank;  // full model copies in host memory while loading
+  bool unties_embeddings = false;      // a tied checkpoint becomes a separate lm_head (litgpt finetune)
   HostCopies save_host_copies = HostCopies::rank0;     // a full state dict gathered on the host to save
   bool save_gathers_units_on_gpu = true;               // sharded strategies gather unit by unit to save
 
@@ -98,6 +100,10 @@ struct FrameworkProfile {
   int64_t nccl_bytes_per_gpu = 0;       // distributed runs
   int64_t host_process_bytes_per_rank = 0;  // the Python process, CUDA libraries, data loader
   double reserved_over_allocated = 1.0; // the caching allocator's reserved peak / allocated peak
+  // The same ratio when memory runs out: before raising an out-of-memory error the allocator releases the
+  // cached blocks no tensor uses and retries, so only the slack inside segments in use can make a job fail.
+  // fits is judged with it; at most reserved_over_allocated.
+  double reserved_over_allocated_at_oom = 1.0;
 
   // Knobs the framework offers (bad input otherwise).
   bool offers_activation_offload = false;
@@ -126,6 +132,10 @@ struct FrameworkProfile {
 
 // Parses and validates one profile's JSON; `where` names it in errors (the file path).
 FrameworkProfile framework_profile_from_json(const nlohmann::json& j, const std::string& where);
+
+// The model as the framework builds it from the checkpoint: a tied embedding and head become two matrices
+// where the framework unties them (FrameworkProfile::unties_embeddings); otherwise the model unchanged.
+ModelSpec model_as_built(ModelSpec model, const FrameworkProfile& fw);
 
 // Loads configs/frameworks/<name>.json (or a path); InputError naming the field ("--framework").
 FrameworkProfile load_framework(const std::string& name_or_path);

@@ -174,13 +174,21 @@ int64_t sum_terms(const MemoryBreakdown& m) {
 // NCCL buffers). A host-only device has none of these.
 struct Figures {
   int64_t allocated = 0, reserved = 0, device = 0;
+  int64_t device_at_oom = 0;  // device with only the slack the allocator cannot release (what fits is judged on)
 };
 Figures figures(int64_t tensor_bytes, const HardwareSpec& hw, const FrameworkProfile& fw, bool distributed) {
-  if (hw.kind != "gpu") return {tensor_bytes, tensor_bytes, tensor_bytes};
+  if (hw.kind != "gpu") return {tensor_bytes, tensor_bytes, tensor_bytes, tensor_bytes};
   Figures f;
   f.allocated = tensor_bytes + fw.cublas_workspace_bytes;
   f.reserved = to_bytes(double(f.allocated) * fw.reserved_over_allocated);
-  f.device = f.reserved + fw.cuda_context_bytes + (distributed ? fw.nccl_bytes_per_gpu : 0);
+  const int64_t fixed = fw.cuda_context_bytes + (distributed ? fw.nccl_bytes_per_gpu : 0);
+  f.device = f.reserved + fixed;
+  // Before raising an out-of-memory error the caching allocator frees every cached block no tensor uses and
+  // retries (c10/cuda/CUDACachingAllocator.cpp DeviceCachingAllocator::malloc: release_available_cached_blocks,
+  // then release_cached_blocks, each followed by alloc_block), so the cache above the at-OOM slack never fails a job.
+  f.device_at_oom = fw.reserved_over_allocated_at_oom < fw.reserved_over_allocated
+                        ? to_bytes(double(f.allocated) * fw.reserved_over_allocated_at_oom) + fixed
+                        : f.device;
   return f;
 }
 
@@ -190,13 +198,13 @@ void finish(MemoryEstimate& e, const HardwareSpec& hw, const TrainingSetup& setu
   const double host_node = setup.host_memory_gib ? *setup.host_memory_gib * double(1ll << 30)
                                                  : double(hw.host_memory_bytes_per_node);
   e.host_usable_bytes = static_cast<int64_t>(host_node * (1.0 - setup.headroom_fraction));
-  const bool device_fits = m.total <= e.usable_bytes;
+  const bool device_fits = e.fit_bytes <= e.usable_bytes;
   const bool host_fits = e.host_per_node <= e.host_usable_bytes;
   e.fits = device_fits && host_fits;
   if (e.fits || !explain) return;
   std::ostringstream r;
   if (!device_fits) {
-    r << "out of memory by " << format_gib(m.total - e.usable_bytes) << ": needs " << format_gib(m.total)
+    r << "out of memory by " << format_gib(e.fit_bytes - e.usable_bytes) << ": needs " << format_gib(e.fit_bytes)
       << " per GPU (" << e.peak_phase << (e.peak_phase == "step" ? ", " + std::string(e.peak_moment) : "") << "), " << hw.id
       << " has " << format_gib(e.usable_bytes) << " usable (" << format_gib(hw.memory_bytes) << " less "
       << setup.headroom_fraction * 100 << "% headroom)";
@@ -636,12 +644,15 @@ MemoryEstimate estimate_memory(const PreparedJob& job, const Candidate& c, int64
   double load_tensors = (sharded ? double(m.weights) + unit_load : double(m.weights));
   if (par.offload_params) load_tensors = unit_load + double(m.weights);  // m.weights: what offload leaves on the GPU
   if (setup.method == Method::qlora) load_tensors += job.dequant_bytes;
-  e.load.device_bytes = figures(to_bytes(load_tensors), hw, fw, distributed).device;
+  const Figures load = figures(to_bytes(load_tensors), hw, fw, distributed);
+  e.load.device_bytes = load.device;
   e.step.device_bytes = step.device;
   // Saving after an optimizer step: gradients freed; sharded strategies gather unit by unit.
   const double save_tensors =
       double(m.weights + m.optimizer) + (sharded && fw.save_gathers_units_on_gpu ? unit_load : 0.0);
-  e.save.device_bytes = figures(to_bytes(save_tensors), hw, fw, distributed).device;
+  const Figures save = figures(to_bytes(save_tensors), hw, fw, distributed);
+  e.save.device_bytes = save.device;
+  e.fit_bytes = std::max({load.device_at_oom, step.device_at_oom, save.device_at_oom});
 
   // Host memory per node: every rank's process, loading copies, offloaded states, saved state dict.
   const int64_t ranks = std::min<int64_t>(e.gpus_used, std::max<int64_t>(1, hw.gpus_per_node));
@@ -853,7 +864,12 @@ std::vector<std::string> memory_assumptions(const ModelSpec& model, const Hardwa
     fig << "figures: allocated (torch.cuda.max_memory_allocated) = the terms + " << format_bytes(fw.cublas_workspace_bytes)
         << " cuBLAS workspace; reserved (max_memory_reserved) = allocated x " << format_fixed(fw.reserved_over_allocated, 2)
         << "; device (nvidia-smi) = reserved + " << format_bytes(fw.cuda_context_bytes) << " CUDA context + "
-        << format_bytes(fw.nccl_bytes_per_gpu) << " NCCL buffers when distributed; fits and total use device";
+        << format_bytes(fw.nccl_bytes_per_gpu) << " NCCL buffers when distributed; ";
+    if (fw.reserved_over_allocated_at_oom < fw.reserved_over_allocated)
+      fig << "total uses device; fits uses device with reserved = allocated x " << format_fixed(fw.reserved_over_allocated_at_oom, 2)
+          << " (the allocator releases its unused cache and retries before it fails)";
+    else
+      fig << "fits and total use device";
     lines.push_back(fig.str());
   }
   lines.push_back("phases: load (weights only, a sharded strategy's unit being sharded, QLoRA quantising one weight), "

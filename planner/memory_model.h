@@ -65,6 +65,9 @@ struct MemoryEstimate {
   PhaseMemory load, step, save;
   std::string_view peak_phase;       // "load", "step" or "save": the phase with the highest device figure
   int64_t host_per_node = 0;         // the highest of the phases' host figures
+  // What fits is judged on: total, with the cached blocks the allocator releases before it fails counted out
+  // (FrameworkProfile::reserved_over_allocated_at_oom); total itself where the profile's two ratios agree.
+  int64_t fit_bytes = 0;
   int64_t usable_bytes = 0;          // memory × (1 − headroom)
   int64_t host_usable_bytes = 0;     // host memory per node × (1 − headroom)
   bool fits = false;                 // device and host

@@ -161,6 +161,29 @@ TEST_CASE("hwdb: a few link and figure spot checks", "[hwdb]") {
   CHECK(cpu.framework_overhead_bytes == 0);
 }
 
+// GeForce cards boost above the clock their whitepaper peak assumes: torch.matmul bf16 (FP32 accumulate)
+// reaches the whole peak on an RTX 4090 and more on an RTX 3090, a datacenter A100 SXM4 0.848 of its own
+// (zzc0721/torch-performance-test-data database.md at 9d82827637262c4351e3f9483f96b8cff57a601f: A100 SXM4
+// 80GB 264.53 TFLOPS, L13; median of six RTX 4090 24GB rows 165.26, L21-L89; median of three RTX 3090 rows
+// 76.58, L16/L29/L54; RTX 5090 238.04). The consumer entries take the A100 entry's fraction of its ceiling, applied to theirs.
+TEST_CASE("hwdb: GeForce efficiencies are the A100's fraction of the measured GEMM ceiling", "[hwdb]") {
+  using Catch::Matchers::WithinAbs;
+  const auto a100 = ftplan::load_hardware("a100-80gb-sxm");
+  const double a100_of_ceiling = a100.matmul_efficiency / (264.53e12 / a100.peak_flops_bf16);  // 0.45 / 0.848
+  CHECK_THAT(a100_of_ceiling, WithinAbs(0.5307, 1e-3));
+  const auto rtx4090 = ftplan::load_hardware("rtx-4090");
+  const auto rtx3090 = ftplan::load_hardware("rtx-3090");
+  // Hand-derived: 0.5307 x 165.26 / 165.2 = 0.531 and 0.5307 x 76.58 / 71 = 0.572, rounded to 0.01.
+  CHECK_THAT(rtx4090.matmul_efficiency, WithinAbs(a100_of_ceiling * 165.26e12 / rtx4090.peak_flops_bf16, 0.005));
+  CHECK_THAT(rtx3090.matmul_efficiency, WithinAbs(a100_of_ceiling * 76.58e12 / rtx3090.peak_flops_bf16, 0.005));
+  // RTX 5090: median of four 32GB rows 238.04 TFLOPS (L28, L45, L88, L103): 0.5307 x 238.04 / 209.5 = 0.603.
+  const auto rtx5090 = ftplan::load_hardware("rtx-5090");
+  CHECK_THAT(rtx5090.matmul_efficiency, WithinAbs(a100_of_ceiling * 238.04e12 / rtx5090.peak_flops_bf16, 0.005));
+  // The whitepaper's dense FP32-accumulate figures (half the FP16-accumulate rate on GeForce).
+  CHECK(rtx4090.peak_flops_bf16 == 165.2e12);
+  CHECK(rtx3090.peak_flops_bf16 == 71e12);
+}
+
 TEST_CASE("hwdb: a file without a topology gets a star around one switch", "[hwdb]") {
   auto j = hwdb_json("a100-80gb-sxm");
   j.erase("topology");
