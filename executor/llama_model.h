@@ -129,6 +129,9 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> block_extra_shapes(con
 Linear& block_linear(LlamaBlock& block, const std::string& module);
 const Linear& block_linear(const LlamaBlock& block, const std::string& module);
 std::string block_linear_prefix(const std::string& module);
+// The same in layer `layer` of the spec: a MoE layer's gate/up/down are its shared expert's, e.g.
+// "mlp.shared_expert." (MoeSpec::module and shared_module).
+std::string block_linear_prefix(const ftplan::ModelSpec& spec, int64_t layer, const std::string& module);
 
 // Loads Hugging Face safetensors: a file, a folder holding model.safetensors or
 // model.safetensors.index.json, or an index file (sharded). Every name and shape is checked against

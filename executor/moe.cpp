@@ -70,20 +70,26 @@ bool moe_layer(const ftplan::ModelSpec& spec, int64_t layer) {
 }
 
 std::vector<std::pair<std::string, at::Tensor*>> moe_named_tensors(MoeBlock& b, const ftplan::ModelSpec& spec) {
-  const auto& n = spec.moe.expert_names;  // gate, up, down: e.g. gate_proj, up_proj, down_proj
-  return {{"mlp." + spec.moe.router_name + ".weight", &b.gate},
-          {"mlp.experts.*." + n.at(0) + ".weight", &b.gate_proj},
-          {"mlp.experts.*." + n.at(1) + ".weight", &b.up_proj},
-          {"mlp.experts.*." + n.at(2) + ".weight", &b.down_proj}};
+  const auto& n = spec.moe.expert_names;  // gate, up, down: e.g. gate_proj, up_proj, down_proj; w1, w3, w2
+  const std::string p = spec.moe.module + ".";  // e.g. "mlp.", "block_sparse_moe."
+  std::vector<std::pair<std::string, at::Tensor*>> out{{p + spec.moe.router_name + ".weight", &b.gate},
+                                                       {p + "experts.*." + n.at(0) + ".weight", &b.gate_proj},
+                                                       {p + "experts.*." + n.at(1) + ".weight", &b.up_proj},
+                                                       {p + "experts.*." + n.at(2) + ".weight", &b.down_proj}};
+  if (spec.moe.shared_expert_gate) out.emplace_back(p + "shared_expert_gate.weight", &b.shared_expert_gate);
+  return out;
 }
 
 std::vector<std::pair<std::string, std::vector<int64_t>>> moe_tensor_shapes(const ftplan::ModelSpec& spec) {
   const int64_t E = spec.moe.num_experts, I = spec.moe.expert_intermediate_size, h = spec.hidden_size;
   const auto& n = spec.moe.expert_names;
-  return {{"mlp." + spec.moe.router_name + ".weight", {E, h}},
-          {"mlp.experts.*." + n.at(0) + ".weight", {E, I, h}},
-          {"mlp.experts.*." + n.at(1) + ".weight", {E, I, h}},
-          {"mlp.experts.*." + n.at(2) + ".weight", {E, h, I}}};
+  const std::string p = spec.moe.module + ".";
+  std::vector<std::pair<std::string, std::vector<int64_t>>> out{{p + spec.moe.router_name + ".weight", {E, h}},
+                                                                {p + "experts.*." + n.at(0) + ".weight", {E, I, h}},
+                                                                {p + "experts.*." + n.at(1) + ".weight", {E, I, h}},
+                                                                {p + "experts.*." + n.at(2) + ".weight", {E, h, I}}};
+  if (spec.moe.shared_expert_gate) out.push_back({p + "shared_expert_gate.weight", {1, h}});
+  return out;
 }
 
 std::vector<std::pair<std::string, at::Tensor>> moe_checkpoint_tensors(const std::string& name, const at::Tensor& t) {
@@ -155,6 +161,13 @@ at::Tensor moe_forward(const MoeBlock& b, const ftplan::ModelSpec& spec, const a
   if (aux.enabled && at::GradMode::is_enabled() && probs.requires_grad())
     y = AuxGrad::apply(y, probs.sum(0), reinterpret_cast<int64_t>(&aux));
   return y.view({B, S, h});
+}
+
+at::Tensor moe_add_shared(const MoeBlock& b, const at::Tensor& x, const at::Tensor& routed, const at::Tensor& shared) {
+  // Qwen2MoeSparseMoeBlock: shared_expert_output = F.sigmoid(self.shared_expert_gate(hidden_states)) *
+  // shared_expert_output; final_hidden_states = final_hidden_states + shared_expert_output.
+  if (!b.shared_expert_gate.defined()) return routed + shared;
+  return routed + at::sigmoid(at::linear(x, b.shared_expert_gate)) * shared;
 }
 
 at::Tensor moe_aux_loss(MoeAux& aux, const at::Tensor& anchor) {
