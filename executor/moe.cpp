@@ -125,7 +125,7 @@ at::Tensor moe_forward(const MoeBlock& b, const ftplan::ModelSpec& spec, const a
 
   // Pairs p = t * k + j, sorted by expert (stable: by token within an expert), each given a row of the
   // padded [E, C] layout: slot = expert * C + its rank among that expert's pairs.
-  at::Tensor slot_of_pair, pair_token, slot_sorted, counts;
+  at::Tensor slot_of_pair, token_of_slot, counts;
   int64_t C = 0;
   {
     at::NoGradGuard no_grad;
@@ -137,14 +137,18 @@ at::Tensor moe_forward(const MoeBlock& b, const ftplan::ModelSpec& spec, const a
     const at::Tensor& sorted_expert = std::get<0>(sorted);
     const at::Tensor start = counts.cumsum(0) - counts;                  // each expert's first sorted position
     const at::Tensor rank = at::arange(expert.size(0), expert.options()) - start.index_select(0, sorted_expert);
-    slot_sorted = sorted_expert * C + rank;                              // [P]: the row of sorted pair i
-    pair_token = at::div(order, k, "floor");                             // [P]: the token of sorted pair i
+    const at::Tensor slot_sorted = sorted_expert * C + rank;            // [P]: the row of sorted pair i
+    const at::Tensor pair_token = at::div(order, k, "floor");           // [P]: the token of sorted pair i
     slot_of_pair = at::empty_like(slot_sorted).index_copy_(0, order, slot_sorted);  // [P]: the row of pair p
+    // [E * C]: the token each row reads, T (a zero row) where the expert has fewer pairs.
+    token_of_slot = at::full({E * C}, T, expert.options()).index_copy_(0, slot_sorted, pair_token);
   }
   aux.max_capacity_factor = std::max(aux.max_capacity_factor, double(E * C) / double(T * k));
 
   // The experts as three batched GEMMs over the padded groups (zero rows where an expert has fewer pairs).
-  const at::Tensor xe = at::zeros({E * C, h}, x.options()).index_copy_(0, slot_sorted, x.index_select(0, pair_token));
+  // The rows are gathered from x and one zero row: index_select keeps only its index for backward (copying
+  // the tokens into a zero buffer with index_copy_ would keep the copied source, T x k rows, as well).
+  const at::Tensor xe = at::cat({x, at::zeros({1, h}, x.options())}).index_select(0, token_of_slot);
   const at::Tensor xb = xe.view({E, C, h});
   const at::Tensor gate = at::bmm(xb, b.gate_proj.transpose(1, 2));  // [E, C, I]
   const at::Tensor up = at::bmm(xb, b.up_proj.transpose(1, 2));
