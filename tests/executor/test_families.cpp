@@ -92,17 +92,21 @@ TEST_CASE("Qwen3, Qwen3-MoE, Mixtral and Qwen2-MoE: DDP, ZeRO and FSDP reproduce
       {kQwen3Moe, "ddp", 2, 1, "--method lora --lora-rank 4 --lora-targets q_proj,k_proj,v_proj,o_proj"},
       {kQwen3Moe, "pipeline", 2, 2, "no-aux"},  // the stages split the layers
       {kMixtral, "ddp", 2, 1, ""},              // block_sparse_moe, w1/w3/w2, the aux loss on
-      {kMixtral, "fsdp", 2, 1, ""},
+      {kMixtral, "fsdp", 2, 1, "save"},         // ... and --save: the sharded parameters gathered under HF names
       {kQwen2Moe, "ddp", 2, 1, ""},             // the shared expert and its gate, q/k/v biases
-      {kQwen2Moe, "fsdp", 2, 1, ""},
+      {kQwen2Moe, "fsdp", 2, 1, "save"},
       {kQwen2Moe, "zero2", 2, 1, ""},
   }));
   CAPTURE(model, strategy, nproc, accum, extra);
   const bool pipelined = strategy == "pipeline";
   const bool aux = extra != "no-aux";
-  const std::string flags = aux ? extra : "";
+  const bool save = extra == "save";  // the distributed run saves its weights (the single process does not)
+  const std::string flags = aux && !save ? extra : "";
+  static ScratchDir saved("family_dist_save");
+  const std::string save_dir = saved / model.substr(model.rfind('/') + 1);
   const std::string ref_args = job(model, pipelined ? accum : accum * nproc, aux) + " " + flags;
-  const std::string dist_args = job(model, accum, aux) + " " + flags + " --strategy " + strategy + " --nproc " + std::to_string(nproc);
+  const std::string dist_args = job(model, accum, aux) + " " + flags + " --strategy " + strategy + " --nproc " + std::to_string(nproc) +
+                                (save ? " --save " + save_dir : "");
   const auto ref = measured(ref_args), dist = measured(dist_args);
   const auto a = losses(dist), b = losses(ref);
   CAPTURE(a, b);
@@ -113,6 +117,25 @@ TEST_CASE("Qwen3, Qwen3-MoE, Mixtral and Qwen2-MoE: DDP, ZeRO and FSDP reproduce
   std::cout << "[dist][family] " << model.substr(model.rfind('/') + 1) << " " << strategy << " x" << nproc << " " << extra
             << ": loss vs one process, max relative " << worst << "\n";
   CHECK(worst < 1e-5);
+  if (save) {
+    // Every tensor by its Hugging Face name (one per expert; Mixtral's block_sparse_moe, Qwen2-MoE's
+    // mlp.shared_expert.*), exactly the config's set; the loader (which checks every name and shape) takes it.
+    const auto spec = spec_of(model);
+    ftexec::SafetensorsFile file(save_dir + "/model.safetensors");
+    const auto expected = ftexec::llama_expected_tensors(spec);
+    CHECK(file.entries().size() == expected.size());
+    for (const auto& [name, shape] : expected) {
+      CAPTURE(name);
+      REQUIRE(file.find(name) != nullptr);
+      CHECK(file.find(name)->shape == shape);
+    }
+    ftexec::LlamaModel b = ftexec::llama_create(spec, ftexec::ModelOptions{}, 7);
+    ftexec::llama_load_weights(b, save_dir);
+    for (const auto& [name, t] : ftexec::checkpoint_tensors(ftexec::llama_named_parameters(b))) {
+      CAPTURE(name);
+      CHECK(at::equal(t, ftexec::tensor_view_of(*file.find(name))));
+    }
+  }
   if (spec_of(model).moe.active()) {
     CHECK(dist["ranks"][0]["moe_capacity_factor"].get<double>() >= 1.0);  // the padded groups: E x C >= T x k
     CHECK(dist["ranks"][0]["moe_capacity_factor"].get<double>() <= 2.0);  // at most num_experts / top_k
