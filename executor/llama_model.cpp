@@ -151,7 +151,7 @@ at::Tensor mlp(LlamaModel& m, const LlamaBlock& blk, const at::Tensor& x, int64_
   if (!blk.moe) return swiglu(m, blk, x);
   const at::Tensor routed = moe_forward(*blk.moe, m.spec, x, m.moe_aux, layer);
   // Qwen2-MoE's shared expert: the block's gate/up/down Linears (mlp.shared_expert.*), added to the routed output.
-  if (!blk.gate_proj.weight.defined() && !blk.gate_proj.nf4) return routed;
+  if (m.spec.moe.shared_intermediate_size == 0) return routed;
   return moe_add_shared(*blk.moe, x, routed, swiglu(m, blk, x));
 }
 

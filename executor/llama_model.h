@@ -1,4 +1,4 @@
-// A Llama-family decoder (Llama 2/3/3.1/3.2, Mistral, Qwen2, Qwen3 and Qwen3-MoE layouts) in LibTorch,
+// A Llama-family decoder (Llama 2/3/3.1/3.2, Mistral, Qwen2, Qwen3, Qwen3-MoE, Mixtral and Qwen2-MoE layouts) in LibTorch,
 // built from the same ftplan::ModelSpec the planner reads: RMSNorm, RoPE (default, linear, dynamic and
 // llama3 scaling), GQA attention, per-head q/k RMSNorms where the spec has them (Qwen3), SwiGLU MLP or a
 // mixture of experts (executor/moe.h) per layer, tied or untied head, biases as the config says.
