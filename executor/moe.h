@@ -17,8 +17,8 @@
 //
 // The experts are held as stacked tensors ([E, out, in] per projection) and run as three batched GEMMs
 // (at::bmm) over padded groups: the (token, slot) pairs are sorted by expert (a stable sort), each
-// expert's pairs copied into its rows of an [E, C, hidden] buffer, C the busiest expert's pair count,
-// the rest zeros. LibTorch 1.13 has no grouped GEMM (torch._grouped_mm is PyTorch 2.8); per-expert
+// expert's pairs gathered into its rows of an [E, C, hidden] buffer, C the busiest expert's pair count,
+// the rest zeros (one index_select from x and a zero row, which keeps only its index for backward). LibTorch 1.13 has no grouped GEMM (torch._grouped_mm is PyTorch 2.8); per-expert
 // at::mm over slices of the stacked weights would run E small GEMMs and, in backward, E slice-gradients
 // of the whole stack (or an unbind and a stack copy); one bmm per projection gives the stacked gradient
 // at once. The zero rows stay zero through gate, up, silu and down, are never gathered back, and so add
