@@ -142,10 +142,17 @@ at::Tensor attention(LlamaModel& m, const LlamaBlock& blk, const at::Tensor& x) 
   return linear(blk.o_proj, out, m.training);
 }
 
-at::Tensor mlp(LlamaModel& m, const LlamaBlock& blk, const at::Tensor& x, int64_t layer) {
-  if (blk.moe) return moe_forward(*blk.moe, m.spec, x, m.moe_aux, layer);
+at::Tensor swiglu(LlamaModel& m, const LlamaBlock& blk, const at::Tensor& x) {
   at::Tensor h = at::silu(linear(blk.gate_proj, x, m.training)) * linear(blk.up_proj, x, m.training);
   return linear(blk.down_proj, h, m.training);
+}
+
+at::Tensor mlp(LlamaModel& m, const LlamaBlock& blk, const at::Tensor& x, int64_t layer) {
+  if (!blk.moe) return swiglu(m, blk, x);
+  const at::Tensor routed = moe_forward(*blk.moe, m.spec, x, m.moe_aux, layer);
+  // Qwen2-MoE's shared expert: the block's gate/up/down Linears (mlp.shared_expert.*), added to the routed output.
+  if (m.spec.moe.shared_intermediate_size == 0) return routed;
+  return moe_add_shared(*blk.moe, x, routed, swiglu(m, blk, x));
 }
 
 std::vector<at::Tensor> block_trainable_tensors(const LlamaBlock& blk) {
@@ -157,7 +164,8 @@ std::vector<at::Tensor> block_trainable_tensors(const LlamaBlock& blk) {
   add(blk.post_attention_layernorm);
   add(blk.q_norm);
   add(blk.k_norm);
-  if (blk.moe) add(blk.moe->gate), add(blk.moe->gate_proj), add(blk.moe->up_proj), add(blk.moe->down_proj);
+  if (blk.moe)
+    add(blk.moe->gate), add(blk.moe->gate_proj), add(blk.moe->up_proj), add(blk.moe->down_proj), add(blk.moe->shared_expert_gate);
   for (const char* name : kLinearNames) {
     const Linear& l = block_linear(blk, name);
     add(l.weight);
@@ -267,6 +275,13 @@ std::string block_linear_prefix(const std::string& module) {
   return (module == "gate_proj" || module == "up_proj" || module == "down_proj") ? "mlp." : "self_attn.";
 }
 
+std::string block_linear_prefix(const ftplan::ModelSpec& spec, int64_t layer, const std::string& module) {
+  const std::string prefix = block_linear_prefix(module);
+  // A MoE layer's MLP Linears are its shared expert (Qwen2-MoE: mlp.shared_expert.gate_proj).
+  if (prefix == "mlp." && moe_layer(spec, layer)) return spec.moe.module + "." + spec.moe.shared_module + ".";
+  return prefix;
+}
+
 std::vector<ftplan::LinearShape> layer_dense_linears(const ftplan::ModelSpec& spec, int64_t layer) {
   std::vector<ftplan::LinearShape> out;
   for (const auto& lin : ftplan::layer_linears(spec, moe_layer(spec, layer)))
@@ -343,7 +358,7 @@ LlamaModel llama_create(const ftplan::ModelSpec& spec, const ModelOptions& optio
   if (spec.qk_norm == ftplan::QkNorm::whole_projection || spec.fused_qkv || spec.fused_gate_up || spec.mla.active() ||
       spec.norm_post_attention || !spec.norm_pre_attention || spec.norm_scale_fp32 || spec.scaled_embedding ||
       spec.attention_sinks || spec.attn_logit_softcapping > 0 || spec.final_logit_softcapping > 0 ||
-      spec.hidden_act != "silu" || (spec.moe.active() && (spec.moe.shared_intermediate_size > 0 ||
+      spec.hidden_act != "silu" || (spec.moe.active() && ((spec.moe.shared_intermediate_size > 0 && spec.moe.shared_module.empty()) ||
                                                            spec.moe.fused_expert_params || spec.moe.expert_bias ||
                                                            !spec.moe.router_module || spec.moe.router_bias ||
                                                            spec.moe.router_score_bias)))
@@ -402,7 +417,7 @@ std::vector<std::pair<std::string, at::Tensor>> llama_named_parameters(const Lla
     out.emplace_back(p + "input_layernorm.weight", b.input_layernorm);
     for (const char* name : kLinearNames) {
       const Linear& lin = block_linear(b, name);
-      const std::string q = p + block_linear_prefix(name) + name;
+      const std::string q = p + block_linear_prefix(m.spec, int64_t(l), name) + name;
       if (lin.weight.defined()) out.emplace_back(q + ".weight", lin.weight);
       if (lin.bias.defined()) out.emplace_back(q + ".bias", lin.bias);
     }
@@ -440,7 +455,7 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> llama_expected_tensors
     const std::string p = "model.layers." + std::to_string(l) + ".";
     out.push_back({p + "input_layernorm.weight", {h}});
     for (const auto& lin : layer_dense_linears(s, l)) {
-      const std::string q = p + block_linear_prefix(lin.name) + lin.name;
+      const std::string q = p + block_linear_prefix(s, l, lin.name) + lin.name;
       out.push_back({q + ".weight", {lin.out_features, lin.in_features}});
       if (lin.bias) out.push_back({q + ".bias", {lin.out_features}});
     }

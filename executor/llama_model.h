@@ -1,4 +1,4 @@
-// A Llama-family decoder (Llama 2/3/3.1/3.2, Mistral, Qwen2, Qwen3 and Qwen3-MoE layouts) in LibTorch,
+// A Llama-family decoder (Llama 2/3/3.1/3.2, Mistral, Qwen2, Qwen3, Qwen3-MoE, Mixtral and Qwen2-MoE layouts) in LibTorch,
 // built from the same ftplan::ModelSpec the planner reads: RMSNorm, RoPE (default, linear, dynamic and
 // llama3 scaling), GQA attention, per-head q/k RMSNorms where the spec has them (Qwen3), SwiGLU MLP or a
 // mixture of experts (executor/moe.h) per layer, tied or untied head, biases as the config says.
@@ -129,6 +129,9 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> block_extra_shapes(con
 Linear& block_linear(LlamaBlock& block, const std::string& module);
 const Linear& block_linear(const LlamaBlock& block, const std::string& module);
 std::string block_linear_prefix(const std::string& module);
+// The same in layer `layer` of the spec: a MoE layer's gate/up/down are its shared expert's, e.g.
+// "mlp.shared_expert." (MoeSpec::module and shared_module).
+std::string block_linear_prefix(const ftplan::ModelSpec& spec, int64_t layer, const std::string& module);
 
 // Loads Hugging Face safetensors: a file, a folder holding model.safetensors or
 // model.safetensors.index.json, or an index file (sharded). Every name and shape is checked against

@@ -51,7 +51,7 @@ std::vector<std::pair<std::string, at::Tensor>> lora_named_parameters(const Llam
       const Linear& lin = block_linear(m.layers[l], shape.name);
       if (!lin.lora) continue;
       const std::string p = "base_model.model.model.layers." + std::to_string(l) + "." +
-                            block_linear_prefix(shape.name) + shape.name;
+                            block_linear_prefix(m.spec, static_cast<int64_t>(l), shape.name) + shape.name;
       out.emplace_back(p + ".lora_A.weight", lin.lora->a);
       out.emplace_back(p + ".lora_B.weight", lin.lora->b);
     }

@@ -70,20 +70,26 @@ bool moe_layer(const ftplan::ModelSpec& spec, int64_t layer) {
 }
 
 std::vector<std::pair<std::string, at::Tensor*>> moe_named_tensors(MoeBlock& b, const ftplan::ModelSpec& spec) {
-  const auto& n = spec.moe.expert_names;  // gate, up, down: e.g. gate_proj, up_proj, down_proj
-  return {{"mlp." + spec.moe.router_name + ".weight", &b.gate},
-          {"mlp.experts.*." + n.at(0) + ".weight", &b.gate_proj},
-          {"mlp.experts.*." + n.at(1) + ".weight", &b.up_proj},
-          {"mlp.experts.*." + n.at(2) + ".weight", &b.down_proj}};
+  const auto& n = spec.moe.expert_names;  // gate, up, down: e.g. gate_proj, up_proj, down_proj; w1, w3, w2
+  const std::string p = spec.moe.module + ".";  // e.g. "mlp.", "block_sparse_moe."
+  std::vector<std::pair<std::string, at::Tensor*>> out{{p + spec.moe.router_name + ".weight", &b.gate},
+                                                       {p + "experts.*." + n.at(0) + ".weight", &b.gate_proj},
+                                                       {p + "experts.*." + n.at(1) + ".weight", &b.up_proj},
+                                                       {p + "experts.*." + n.at(2) + ".weight", &b.down_proj}};
+  if (spec.moe.shared_expert_gate) out.emplace_back(p + "shared_expert_gate.weight", &b.shared_expert_gate);
+  return out;
 }
 
 std::vector<std::pair<std::string, std::vector<int64_t>>> moe_tensor_shapes(const ftplan::ModelSpec& spec) {
   const int64_t E = spec.moe.num_experts, I = spec.moe.expert_intermediate_size, h = spec.hidden_size;
   const auto& n = spec.moe.expert_names;
-  return {{"mlp." + spec.moe.router_name + ".weight", {E, h}},
-          {"mlp.experts.*." + n.at(0) + ".weight", {E, I, h}},
-          {"mlp.experts.*." + n.at(1) + ".weight", {E, I, h}},
-          {"mlp.experts.*." + n.at(2) + ".weight", {E, h, I}}};
+  const std::string p = spec.moe.module + ".";
+  std::vector<std::pair<std::string, std::vector<int64_t>>> out{{p + spec.moe.router_name + ".weight", {E, h}},
+                                                                {p + "experts.*." + n.at(0) + ".weight", {E, I, h}},
+                                                                {p + "experts.*." + n.at(1) + ".weight", {E, I, h}},
+                                                                {p + "experts.*." + n.at(2) + ".weight", {E, h, I}}};
+  if (spec.moe.shared_expert_gate) out.push_back({p + "shared_expert_gate.weight", {1, h}});
+  return out;
 }
 
 std::vector<std::pair<std::string, at::Tensor>> moe_checkpoint_tensors(const std::string& name, const at::Tensor& t) {
@@ -119,7 +125,7 @@ at::Tensor moe_forward(const MoeBlock& b, const ftplan::ModelSpec& spec, const a
 
   // Pairs p = t * k + j, sorted by expert (stable: by token within an expert), each given a row of the
   // padded [E, C] layout: slot = expert * C + its rank among that expert's pairs.
-  at::Tensor slot_of_pair, pair_token, slot_sorted, counts;
+  at::Tensor slot_of_pair, token_of_slot, counts;
   int64_t C = 0;
   {
     at::NoGradGuard no_grad;
@@ -131,14 +137,18 @@ at::Tensor moe_forward(const MoeBlock& b, const ftplan::ModelSpec& spec, const a
     const at::Tensor& sorted_expert = std::get<0>(sorted);
     const at::Tensor start = counts.cumsum(0) - counts;                  // each expert's first sorted position
     const at::Tensor rank = at::arange(expert.size(0), expert.options()) - start.index_select(0, sorted_expert);
-    slot_sorted = sorted_expert * C + rank;                              // [P]: the row of sorted pair i
-    pair_token = at::div(order, k, "floor");                             // [P]: the token of sorted pair i
+    const at::Tensor slot_sorted = sorted_expert * C + rank;            // [P]: the row of sorted pair i
+    const at::Tensor pair_token = at::div(order, k, "floor");           // [P]: the token of sorted pair i
     slot_of_pair = at::empty_like(slot_sorted).index_copy_(0, order, slot_sorted);  // [P]: the row of pair p
+    // [E * C]: the token each row reads, T (a zero row) where the expert has fewer pairs.
+    token_of_slot = at::full({E * C}, T, expert.options()).index_copy_(0, slot_sorted, pair_token);
   }
   aux.max_capacity_factor = std::max(aux.max_capacity_factor, double(E * C) / double(T * k));
 
   // The experts as three batched GEMMs over the padded groups (zero rows where an expert has fewer pairs).
-  const at::Tensor xe = at::zeros({E * C, h}, x.options()).index_copy_(0, slot_sorted, x.index_select(0, pair_token));
+  // The rows are gathered from x and one zero row: index_select keeps only its index for backward (copying
+  // the tokens into a zero buffer with index_copy_ would keep the copied source, T x k rows, as well).
+  const at::Tensor xe = at::cat({x, at::zeros({1, h}, x.options())}).index_select(0, token_of_slot);
   const at::Tensor xb = xe.view({E, C, h});
   const at::Tensor gate = at::bmm(xb, b.gate_proj.transpose(1, 2));  // [E, C, I]
   const at::Tensor up = at::bmm(xb, b.up_proj.transpose(1, 2));
@@ -155,6 +165,13 @@ at::Tensor moe_forward(const MoeBlock& b, const ftplan::ModelSpec& spec, const a
   if (aux.enabled && at::GradMode::is_enabled() && probs.requires_grad())
     y = AuxGrad::apply(y, probs.sum(0), reinterpret_cast<int64_t>(&aux));
   return y.view({B, S, h});
+}
+
+at::Tensor moe_add_shared(const MoeBlock& b, const at::Tensor& x, const at::Tensor& routed, const at::Tensor& shared) {
+  // Qwen2MoeSparseMoeBlock: shared_expert_output = F.sigmoid(self.shared_expert_gate(hidden_states)) *
+  // shared_expert_output; final_hidden_states = final_hidden_states + shared_expert_output.
+  if (!b.shared_expert_gate.defined()) return routed + shared;
+  return routed + at::sigmoid(at::linear(x, b.shared_expert_gate)) * shared;
 }
 
 at::Tensor moe_aux_loss(MoeAux& aux, const at::Tensor& anchor) {

@@ -1,6 +1,11 @@
-// A mixture-of-experts MLP (Qwen3-MoE; the layout of Mixtral and Qwen2-MoE's routed experts) in
-// LibTorch, as transformers' Qwen3MoeSparseMoeBlock computes it (src/transformers/models/qwen3_moe/
-// modeling_qwen3_moe.py @ 00d4b3d2142cb4ced2f51b90614b5d26bc045015):
+// A mixture-of-experts MLP (Qwen3-MoE, Mixtral, Qwen2-MoE) in LibTorch, as transformers'
+// Qwen3MoeSparseMoeBlock computes it (src/transformers/models/qwen3_moe/modeling_qwen3_moe.py @
+// 00d4b3d2142cb4ced2f51b90614b5d26bc045015), and its kin MixtralSparseMoeBlock (models/mixtral/
+// modeling_mixtral.py @ the same commit: the same routing, always renormalised, the experts' linears
+// named w1, w3, w2, the block named block_sparse_moe) and Qwen2MoeSparseMoeBlock (models/qwen2_moe/
+// modeling_qwen2_moe.py @ 00a3f9386614dde0dc41cf4e9b8d0abd3af0671d: Qwen3's routing plus a shared expert,
+// added as sigmoid(shared_expert_gate(x)) * shared_expert(x); llama_model.cpp holds the shared expert as
+// the block's gate/up/down Linears and MoeBlock::shared_expert_gate scales it):
 //   router_logits = gate(x)                                    [T, E]
 //   weights = softmax(router_logits, fp32); top-k of them      [T, k]
 //   weights /= weights.sum(-1) when norm_topk_prob; cast to the compute dtype
@@ -12,8 +17,8 @@
 //
 // The experts are held as stacked tensors ([E, out, in] per projection) and run as three batched GEMMs
 // (at::bmm) over padded groups: the (token, slot) pairs are sorted by expert (a stable sort), each
-// expert's pairs copied into its rows of an [E, C, hidden] buffer, C the busiest expert's pair count,
-// the rest zeros. LibTorch 1.13 has no grouped GEMM (torch._grouped_mm is PyTorch 2.8); per-expert
+// expert's pairs gathered into its rows of an [E, C, hidden] buffer, C the busiest expert's pair count,
+// the rest zeros (one index_select from x and a zero row, which keeps only its index for backward). LibTorch 1.13 has no grouped GEMM (torch._grouped_mm is PyTorch 2.8); per-expert
 // at::mm over slices of the stacked weights would run E small GEMMs and, in backward, E slice-gradients
 // of the whole stack (or an unbind and a stack copy); one bmm per projection gives the stacked gradient
 // at once. The zero rows stay zero through gate, up, silu and down, are never gathered back, and so add
@@ -22,8 +27,9 @@
 // the memory test plans with the factor the run measured.
 //
 // Checkpoints hold one tensor per expert (Hugging Face's names, model.layers.N.mlp.experts.M.gate_proj.
-// weight); the model names a stacked tensor with "*" for the expert index and moe_checkpoint_tensors()
-// splits it (views along dimension 0).
+// weight; Mixtral's model.layers.N.block_sparse_moe.experts.M.w1.weight: MoeSpec::module and expert_names);
+// the model names a stacked tensor with "*" for the expert index and moe_checkpoint_tensors() splits it
+// (views along dimension 0).
 #pragma once
 
 #include <cstdint>
@@ -43,6 +49,7 @@ struct MoeBlock {
   at::Tensor gate_proj;  // [E, expert_intermediate, hidden] (mlp.experts.M.gate_proj.weight, M = 0..E-1)
   at::Tensor up_proj;    // [E, expert_intermediate, hidden]
   at::Tensor down_proj;  // [E, hidden, expert_intermediate]
+  at::Tensor shared_expert_gate;  // Qwen2-MoE: [1, hidden] (mlp.shared_expert_gate.weight); undefined without
 };
 
 // What one forward of the whole model leaves for the load-balancing loss (one per model; rewritten by
@@ -59,11 +66,12 @@ struct MoeAux {
 };
 
 // The spec's MoE layers (MoeSpec::moe_layers) and whether ftexec builds them: routed experts with
-// separate gate, up and down projections and a plain nn.Linear router, no shared expert.
+// separate gate, up and down projections and a plain nn.Linear router, a shared expert (with its gate) or none.
 bool moe_layer(const ftplan::ModelSpec& spec, int64_t layer);
 
-// The block's tensors by name inside the layer ("mlp.gate.weight", "mlp.experts.*.gate_proj.weight", ...:
-// "*" the expert index of a stacked tensor), in a fixed order, with their shapes.
+// The block's tensors by name inside the layer ("mlp.gate.weight", "mlp.experts.*.gate_proj.weight", ...,
+// "mlp.shared_expert_gate.weight": "*" the expert index of a stacked tensor, "mlp" MoeSpec::module), in a
+// fixed order, with their shapes.
 std::vector<std::pair<std::string, at::Tensor*>> moe_named_tensors(MoeBlock& block, const ftplan::ModelSpec& spec);
 std::vector<std::pair<std::string, std::vector<int64_t>>> moe_tensor_shapes(const ftplan::ModelSpec& spec);
 
@@ -83,5 +91,9 @@ at::Tensor moe_forward(const MoeBlock& block, const ftplan::ModelSpec& spec, con
 // loss: its value from the recorded counts and probabilities; its backward hands the upstream gradient
 // to the blocks (aux.grad_scale). `anchor`: a tensor of the head's graph (the final hidden states).
 at::Tensor moe_aux_loss(MoeAux& aux, const at::Tensor& anchor);
+
+// Qwen2-MoE's shared expert joined to the routed experts' output: routed + sigmoid(shared_expert_gate(x)) *
+// shared (the shared expert's output on x), or routed + shared without a gate.
+at::Tensor moe_add_shared(const MoeBlock& block, const at::Tensor& x, const at::Tensor& routed, const at::Tensor& shared);
 
 }  // namespace ftexec

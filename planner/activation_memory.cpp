@@ -184,7 +184,8 @@ ActivationTerms layer_activation_terms(const ModelSpec& m, const ActivationInput
     // weight multiplies; the shared expert as a dense MLP of its width, scaled by its sigmoid gate.
     const MoeSpec& e = m.moe;
     const double I = double(e.expert_intermediate_size), sw = double(e.shared_intermediate_size);
-    if (keeps_role_input(in, linears, LinearRole::router) || keeps_role_input(in, linears, LinearRole::mlp_in))
+    // (Once: a trained shared expert's gate/up already keep it, as the MLP's shared input above.)
+    if (keeps_role_input(in, linears, LinearRole::router) && !keeps_role_input(in, linears, LinearRole::mlp_in))
       t.sequence += a * T * h;
     t.tensor += 4.0 * T * e.num_experts + 12.0 * T * e.top_k + a * T * e.top_k;
     if (keeps_role_input(in, linears, LinearRole::expert_in)) t.tensor += a * pairs_x * h;

@@ -538,8 +538,6 @@ std::vector<std::string> exec_problems(const TrainingSetup& s, const ModelSpec& 
     problems.push_back("--model (model) model_type " + (model.wrapper_type.empty() ? model.model_type : model.wrapper_type) +
                        ": ftexec trains " + executor_family_list() + " (not yet this family)");
   if (model.moe.active()) {
-    if (model.moe.shared_intermediate_size > 0)
-      problems.push_back("--model (model) " + model.name + ": a shared expert: ftexec runs routed experts only");
     if (s.method == Method::qlora)
       problems.push_back("--method (method) qlora: ftexec quantises dense block linears to NF4, not a mixture of "
                          "experts' stacked experts");

@@ -136,7 +136,9 @@ std::vector<ModelFamily> make_table() {
     f.moe.experts_key = "num_local_experts";
     f.moe.expert_size_key = "intermediate_size";
     f.moe.expert_names = {"w1", "w3", "w2"};
+    f.moe.module = "block_sparse_moe";  // MixtralDecoderLayer.block_sparse_moe (transformers v4; the hub's checkpoints)
     f.moe.norm_topk_default = true;  // MixtralSparseMoeBlock: routing_weights /= routing_weights.sum(dim=-1)
+    f.executor_runs = true;          // executor/moe.h (router_jitter_noise > 0 is refused by the reader)
     t.push_back(f);
   }
   {  // models/qwen2_moe/modeling_qwen2_moe.py: Qwen2's attention (q,k,v biases); Qwen2MoeSparseMoeBlock: gate =
@@ -154,7 +156,9 @@ std::vector<ModelFamily> make_table() {
     f.moe.experts_key = "num_experts";
     f.moe.shared_key = "shared_expert_intermediate_size";
     f.moe.shared_expert_gate = true;
+    f.moe.shared_module = "shared_expert";
     f.moe.layers = MoeLayers::sparse_step;
+    f.executor_runs = true;  // executor/moe.h: the routed experts stacked, the shared expert as the block's gate/up/down
     t.push_back(f);
   }
   {  // models/qwen3_moe/modeling_qwen3_moe.py: Qwen3's attention (per-head q/k RMSNorms); Qwen3MoeSparseMoeBlock:
@@ -212,6 +216,7 @@ std::vector<ModelFamily> make_table() {
     f.default_lora_targets = {};
     f.moe.experts_key = "n_routed_experts";
     f.moe.shared_key = "n_shared_experts";
+    f.moe.shared_module = "shared_experts";
     f.moe.layers = MoeLayers::first_k_dense;
     f.moe.router_module = false;
     f.moe.aux_coef_key = "aux_loss_alpha";
@@ -230,6 +235,7 @@ std::vector<ModelFamily> make_table() {
     f.default_lora_targets = {};
     f.moe.experts_key = "n_routed_experts";
     f.moe.shared_key = "n_shared_experts";
+    f.moe.shared_module = "shared_experts";
     f.moe.layers = MoeLayers::first_k_dense;
     f.moe.router_module = false;
     f.moe.router_score_bias = true;

@@ -68,6 +68,9 @@ struct MoeFamily {
   MoeLayers layers = MoeLayers::all;
   std::vector<std::string> expert_names{"gate_proj", "up_proj", "down_proj"};  // Mixtral: w1, w3, w2; gpt-oss: gate_up_proj, down_proj
   std::string router_name = "gate"; // gpt-oss: "router"
+  std::string module = "mlp";       // the MoE block's module in the decoder layer: "mlp", "block_sparse_moe" (Mixtral)
+  std::string shared_module;        // the shared expert's module in the MoE block: "shared_expert" (Qwen2-MoE),
+                                    // "shared_experts" (DeepSeek); "" without one
   bool router_module = true;        // the router is an nn.Linear (false: DeepSeek's MoEGate, gpt-oss's router)
   bool router_bias = false;         // gpt-oss
   bool router_score_bias = false;   // DeepSeek-V3: e_score_correction_bias
@@ -107,7 +110,8 @@ struct ModelFamily {
   std::string defaults;              // JSON: transformers' config-class defaults for keys a published config
                                      // omits (applied under the config), or ""
   std::string text_config_type;      // a multimodal wrapper: the model_type of its text_config, else ""
-  bool executor_runs = false;        // ftexec builds and trains this family (llama, mistral, qwen2, qwen3, qwen3_moe)
+  bool executor_runs = false;        // ftexec builds and trains this family (llama, mistral, qwen2, qwen3, mixtral,
+                                     // qwen2_moe, qwen3_moe)
 };
 
 // The row for a model_type, or nullptr.
@@ -115,7 +119,7 @@ const ModelFamily* find_model_family(const std::string& model_type);
 
 // Every model_type with a row, in table order, e.g. "llama, mistral, qwen2, ..." (for messages).
 std::string model_family_list();
-// The model_types ftexec trains (executor_runs), e.g. "llama, mistral, qwen2, qwen3, qwen3_moe".
+// The model_types ftexec trains (executor_runs), e.g. "llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe".
 std::string executor_family_list();
 
 // Keys every config may carry that describe no architecture (names, token ids, dtypes, generation

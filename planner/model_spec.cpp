@@ -152,6 +152,8 @@ void read_moe(const nlohmann::json& c, const ModelFamily& f, const std::string& 
     e.shared_intermediate_size = read_int_or(c, "n_shared_experts", 0, where, 0, 1024) * e.expert_intermediate_size;
   e.shared_expert_gate = row.shared_expert_gate && e.shared_intermediate_size > 0;
   e.router_name = row.router_name;
+  e.module = row.module;
+  if (e.shared_intermediate_size > 0) e.shared_module = row.shared_module;
   e.router_module = row.router_module;
   e.router_bias = row.router_bias;
   e.router_score_bias = row.router_score_bias;

@@ -53,6 +53,10 @@ struct MoeSpec {
                                          // (DeepSeek-V2-Lite: 2 shared experts x 1408); 0 = none
   bool shared_expert_gate = false;       // Qwen2-MoE: the shared expert scaled by sigmoid(Linear(hidden, 1))
   std::string router_name = "gate";      // the router's module name, e.g. "gate", "router" (gpt-oss)
+  std::string module = "mlp";            // the MoE block's module in a decoder layer (Hugging Face names), e.g. "mlp",
+                                         // "block_sparse_moe" (Mixtral): model.layers.N.<module>.<router_name>.weight
+  std::string shared_module;             // the shared expert's module in the MoE block, e.g. "shared_expert"
+                                         // (Qwen2-MoE: <module>.shared_expert.gate_proj.weight); "" without one
   bool router_module = true;             // an nn.Linear (PEFT all-linear, bitsandbytes); false: a bare weight
                                          // (DeepSeek's MoEGate, gpt-oss's router)
   bool router_bias = false;              // gpt-oss: the router has a bias

@@ -19,7 +19,7 @@ std::vector<std::vector<UnitTensor>> model_units(LlamaModel& m, bool with_nf4) {
     u.push_back({p + "input_layernorm.weight", &b.input_layernorm});
     for (const auto& shape : layer_dense_linears(m.spec, static_cast<int64_t>(l))) {
       Linear& lin = block_linear(b, shape.name);
-      const std::string q = p + block_linear_prefix(shape.name) + shape.name;
+      const std::string q = p + block_linear_prefix(m.spec, static_cast<int64_t>(l), shape.name) + shape.name;
       if (lin.weight.defined()) u.push_back({q + ".weight", &lin.weight});  // (not when held in NF4)
       if (lin.nf4 && with_nf4) {
         u.push_back({q + ".weight", &lin.nf4->codes});

@@ -1,5 +1,7 @@
-// The families ftexec trains beyond the Llama block ([family]): Qwen3 (per-head q/k RMSNorms) and
-// Qwen3-MoE (a top-k router, experts as stacked tensors run as batched GEMMs, the load-balancing loss).
+// The families ftexec trains beyond the Llama block ([family]): Qwen3 (per-head q/k RMSNorms),
+// Qwen3-MoE (a top-k router, experts as stacked tensors run as batched GEMMs, the load-balancing loss),
+// Mixtral (the same block named block_sparse_moe, experts w1/w3/w2) and Qwen2-MoE (plus a shared expert
+// scaled by a sigmoid gate, q/k/v biases).
 // Their forward is checked against the independent reference in test_reference.cpp; here: every
 // strategy reproduces the single process's loss, checkpoints carry Hugging Face's names (one tensor
 // per expert), the measured memory of the MoE against the planner's, and the families ftexec does
@@ -11,10 +13,12 @@
 #include <iostream>
 #include <map>
 #include <set>
+#include <tuple>
 
 #include "dist_test_util.h"
 #include "executor/exec_job.h"
 #include "executor/llama_model.h"
+#include "executor/lora.h"
 #include "executor/run_job.h"
 #include "executor/safetensors.h"
 #include "executor_test_util.h"
@@ -35,6 +39,8 @@ namespace {
 
 const std::string kQwen3 = "tests/data/models/tiny-qwen3.json";
 const std::string kQwen3Moe = "tests/data/models/tiny-qwen3-moe.json";
+const std::string kMixtral = "tests/data/models/tiny-mixtral.json";
+const std::string kQwen2Moe = "tests/data/models/tiny-qwen2-moe.json";
 
 ftplan::ModelSpec spec_of(const std::string& path) {
   return ftplan::model_spec_from_json(ftplan::read_json_file(std::string(FTPLAN_SOURCE_DIR) + "/" + path), path);
@@ -73,7 +79,8 @@ std::vector<double> losses(const nlohmann::json& m) { return m["loss"].get<std::
 
 }  // namespace
 
-TEST_CASE("Qwen3 and Qwen3-MoE: DDP, ZeRO and FSDP reproduce the single-process loss", "[dist][family]") {
+TEST_CASE("Qwen3, Qwen3-MoE, Mixtral and Qwen2-MoE: DDP, ZeRO and FSDP reproduce the single-process loss",
+          "[dist][family]") {
   // model, strategy, ranks, grad_accum per rank, extra flags
   auto [model, strategy, nproc, accum, extra] = GENERATE(table<std::string, std::string, int, int, std::string>({
       {kQwen3, "ddp", 2, 1, ""},
@@ -85,13 +92,21 @@ TEST_CASE("Qwen3 and Qwen3-MoE: DDP, ZeRO and FSDP reproduce the single-process 
       {kQwen3Moe, "zero2", 2, 1, "no-aux"},
       {kQwen3Moe, "ddp", 2, 1, "--method lora --lora-rank 4 --lora-targets q_proj,k_proj,v_proj,o_proj"},
       {kQwen3Moe, "pipeline", 2, 2, "no-aux"},  // the stages split the layers
+      {kMixtral, "ddp", 2, 1, ""},              // block_sparse_moe, w1/w3/w2, the aux loss on
+      {kMixtral, "fsdp", 2, 1, "save"},         // ... and --save: the sharded parameters gathered under HF names
+      {kQwen2Moe, "ddp", 2, 1, ""},             // the shared expert and its gate, q/k/v biases
+      {kQwen2Moe, "fsdp", 2, 1, "save"},
   }));
   CAPTURE(model, strategy, nproc, accum, extra);
   const bool pipelined = strategy == "pipeline";
   const bool aux = extra != "no-aux";
-  const std::string flags = aux ? extra : "";
+  const bool save = extra == "save";  // the distributed run saves its weights (the single process does not)
+  const std::string flags = aux && !save ? extra : "";
+  static ScratchDir saved("family_dist_save");
+  const std::string save_dir = saved / model.substr(model.rfind('/') + 1);
   const std::string ref_args = job(model, pipelined ? accum : accum * nproc, aux) + " " + flags;
-  const std::string dist_args = job(model, accum, aux) + " " + flags + " --strategy " + strategy + " --nproc " + std::to_string(nproc);
+  const std::string dist_args = job(model, accum, aux) + " " + flags + " --strategy " + strategy + " --nproc " + std::to_string(nproc) +
+                                (save ? " --save " + save_dir : "");
   const auto ref = measured(ref_args), dist = measured(dist_args);
   const auto a = losses(dist), b = losses(ref);
   CAPTURE(a, b);
@@ -102,6 +117,25 @@ TEST_CASE("Qwen3 and Qwen3-MoE: DDP, ZeRO and FSDP reproduce the single-process 
   std::cout << "[dist][family] " << model.substr(model.rfind('/') + 1) << " " << strategy << " x" << nproc << " " << extra
             << ": loss vs one process, max relative " << worst << "\n";
   CHECK(worst < 1e-5);
+  if (save) {
+    // Every tensor by its Hugging Face name (one per expert; Mixtral's block_sparse_moe, Qwen2-MoE's
+    // mlp.shared_expert.*), exactly the config's set; the loader (which checks every name and shape) takes it.
+    const auto spec = spec_of(model);
+    ftexec::SafetensorsFile file(save_dir + "/model.safetensors");
+    const auto expected = ftexec::llama_expected_tensors(spec);
+    CHECK(file.entries().size() == expected.size());
+    for (const auto& [name, shape] : expected) {
+      CAPTURE(name);
+      REQUIRE(file.find(name) != nullptr);
+      CHECK(file.find(name)->shape == shape);
+    }
+    ftexec::LlamaModel b = ftexec::llama_create(spec, ftexec::ModelOptions{}, 7);
+    ftexec::llama_load_weights(b, save_dir);
+    for (const auto& [name, t] : ftexec::checkpoint_tensors(ftexec::llama_named_parameters(b))) {
+      CAPTURE(name);
+      CHECK(at::equal(t, ftexec::tensor_view_of(*file.find(name))));
+    }
+  }
   if (spec_of(model).moe.active()) {
     CHECK(dist["ranks"][0]["moe_capacity_factor"].get<double>() >= 1.0);  // the padded groups: E x C >= T x k
     CHECK(dist["ranks"][0]["moe_capacity_factor"].get<double>() <= 2.0);  // at most num_experts / top_k
@@ -154,9 +188,47 @@ TEST_CASE("checkpoints carry each family's Hugging Face names: q/k norms, the ro
       params += n;
     }
     CHECK(params == ftplan::count_params(moe_spec).total);
+
+    // Mixtral-8x7B: the MoE block is block_sparse_moe, its experts w1, w3, w2 (the names of the hub's
+    // model.safetensors.index.json); 32 x (2 norms + 4 attention + router + 8 x 3 experts) + 3 = 995.
+    const auto mixtral_spec = ftplan::load_model("mixtral-8x7b");
+    const auto mixtral = ftexec::llama_expected_tensors(mixtral_spec);
+    std::map<std::string, std::vector<int64_t>> x(mixtral.begin(), mixtral.end());
+    CHECK(x.at("model.layers.31.block_sparse_moe.gate.weight") == std::vector<int64_t>{8, 4096});
+    CHECK(x.at("model.layers.0.block_sparse_moe.experts.7.w1.weight") == std::vector<int64_t>{14336, 4096});
+    CHECK(x.at("model.layers.0.block_sparse_moe.experts.0.w3.weight") == std::vector<int64_t>{14336, 4096});
+    CHECK(x.at("model.layers.0.block_sparse_moe.experts.0.w2.weight") == std::vector<int64_t>{4096, 14336});
+    for (const auto& [name, shape] : mixtral) CHECK(name.find(".mlp.") == std::string::npos);
+    CHECK(mixtral.size() == size_t(32 * 31 + 3));
+
+    // Qwen1.5-MoE-A2.7B: q/k/v biases, 60 experts, the shared expert and its gate; 24 x (2 norms + 7 attention
+    // + router + 60 x 3 + 3 shared + shared_expert_gate) + 3 = 4659.
+    const auto qwen2_spec = ftplan::load_model("qwen1.5-moe-a2.7b-chat");
+    const auto qwen2 = ftexec::llama_expected_tensors(qwen2_spec);
+    std::map<std::string, std::vector<int64_t>> w(qwen2.begin(), qwen2.end());
+    CHECK(w.at("model.layers.0.self_attn.q_proj.bias") == std::vector<int64_t>{2048});
+    CHECK(w.count("model.layers.0.self_attn.o_proj.bias") == 0);
+    CHECK(w.at("model.layers.23.mlp.gate.weight") == std::vector<int64_t>{60, 2048});
+    CHECK(w.at("model.layers.0.mlp.experts.59.down_proj.weight") == std::vector<int64_t>{2048, 1408});
+    CHECK(w.at("model.layers.0.mlp.shared_expert.gate_proj.weight") == std::vector<int64_t>{5632, 2048});
+    CHECK(w.at("model.layers.0.mlp.shared_expert.down_proj.weight") == std::vector<int64_t>{2048, 5632});
+    CHECK(w.at("model.layers.0.mlp.shared_expert_gate.weight") == std::vector<int64_t>{1, 2048});
+    CHECK(w.count("model.layers.0.mlp.gate_proj.weight") == 0);
+    CHECK(qwen2.size() == size_t(24 * 194 + 3));
+    for (const auto& [spec, tensors] : {std::pair{mixtral_spec, mixtral}, std::pair{qwen2_spec, qwen2}}) {
+      int64_t n_params = 0;
+      for (const auto& [name, shape] : tensors) {
+        int64_t n = 1;
+        for (int64_t d : shape) n *= d;
+        n_params += n;
+      }
+      CHECK(n_params == ftplan::count_params(spec).total);
+    }
   }
-  SECTION("a tiny Qwen3-MoE saves per-expert tensors and loads them back bit for bit") {
-    const auto spec = spec_of(kQwen3Moe);
+  SECTION("a tiny MoE (Qwen3-MoE, Mixtral, Qwen2-MoE) saves per-expert tensors and loads them back bit for bit") {
+    const std::string model = GENERATE(kQwen3Moe, kMixtral, kQwen2Moe);
+    CAPTURE(model);
+    const auto spec = spec_of(model);
     ftexec::LlamaModel a = ftexec::llama_create(spec, ftexec::ModelOptions{}, 1);
     ScratchDir dir("family_save");
     ftexec::llama_save_weights(a, dir.path.string());
@@ -168,9 +240,18 @@ TEST_CASE("checkpoints carry each family's Hugging Face names: q/k norms, the ro
       REQUIRE(file.find(name) != nullptr);
       CHECK(file.find(name)->shape == shape);
     }
-    // Expert 3 of layer 1 is slice 3 of the stacked tensor.
-    const at::Tensor e3 = ftexec::tensor_view_of(*file.find("model.layers.1.mlp.experts.3.down_proj.weight"));
+    // Expert 3 of layer 1 is slice 3 of the stacked tensor (by the family's module and expert names).
+    const std::string e3_name = "model.layers.1." + spec.moe.module + ".experts.3." + spec.moe.expert_names.at(2) + ".weight";
+    REQUIRE(file.find(e3_name) != nullptr);
+    const at::Tensor e3 = ftexec::tensor_view_of(*file.find(e3_name));
     CHECK(at::equal(e3, a.layers[1].moe->down_proj.select(0, 3)));
+    if (spec.moe.shared_expert_gate) {  // Qwen2-MoE: the shared expert is the block's gate/up/down Linears
+      REQUIRE(file.find("model.layers.1.mlp.shared_expert.up_proj.weight") != nullptr);
+      CHECK(at::equal(ftexec::tensor_view_of(*file.find("model.layers.1.mlp.shared_expert.up_proj.weight")),
+                      a.layers[1].up_proj.weight));
+      CHECK(at::equal(ftexec::tensor_view_of(*file.find("model.layers.1.mlp.shared_expert_gate.weight")),
+                      a.layers[1].moe->shared_expert_gate));
+    }
     ftexec::LlamaModel b = ftexec::llama_create(spec, ftexec::ModelOptions{}, 2);
     ftexec::llama_load_weights(b, dir.path.string());
     const auto pa = ftexec::llama_named_parameters(a), pb = ftexec::llama_named_parameters(b);
@@ -183,8 +264,8 @@ TEST_CASE("checkpoints carry each family's Hugging Face names: q/k norms, the ro
 }
 
 TEST_CASE("ftexec refuses the families whose block it does not build: one line naming model_type, exit 2", "[dist][family]") {
-  for (const std::string model : {"gemma-2-2b", "gemma-3-1b", "phi-3-mini-4k", "olmo-2-7b", "mixtral-8x7b",
-                                  "qwen1.5-moe-a2.7b-chat", "deepseek-v2-lite", "gpt-oss-20b"}) {
+  for (const std::string model : {"gemma-2-2b", "gemma-3-1b", "phi-3-mini-4k", "olmo-2-7b", "deepseek-v2-lite",
+                                  "gpt-oss-20b"}) {
     CAPTURE(model);
     const auto spec = ftplan::load_model(model);
     const auto r = run_ftexec("--model " + model + " --precision fp32 --seq-len 32 --micro-batch 1 --steps 1 --no-progress");
@@ -196,23 +277,45 @@ TEST_CASE("ftexec refuses the families whose block it does not build: one line n
   }
 }
 
-TEST_CASE("Qwen3-MoE: LoRA on the experts, QLoRA and a capacity factor are refused by name", "[dist][family]") {
-  const std::string base = "--model " + kQwen3Moe + " --precision fp32 --seq-len 32 --micro-batch 1 --steps 1 --no-progress";
-  for (const auto& [flags, field] : std::vector<std::pair<std::string, std::string>>{
-           {"--method lora --lora-targets q_proj,gate_proj", "--lora-targets (lora.targets) gate_proj"},
-           {"--method qlora --lora-targets q_proj", "--method (method) qlora"},
-           {"--moe-capacity-factor 1.25", "--moe-capacity-factor (moe.capacity_factor)"},
-           {"--strategy pipeline --nproc 2", "--moe-aux-loss (moe.aux_loss)"},
-           {"--strategy pipeline --nproc 2 --moe-aux-loss", "--moe-aux-loss (moe.aux_loss)"}}) {
-    CAPTURE(flags);
-    const auto r = run_ftexec(base + " " + flags);
+TEST_CASE("MoE: LoRA on the experts, QLoRA and a capacity factor are refused by name", "[dist][family]") {
+  const std::string common = " --precision fp32 --seq-len 32 --micro-batch 1 --steps 1 --no-progress";
+  for (const auto& [model, flags, field] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {kQwen3Moe, "--method lora --lora-targets q_proj,gate_proj", "--lora-targets (lora.targets) gate_proj"},
+           {kQwen3Moe, "--method qlora --lora-targets q_proj", "--method (method) qlora"},
+           {kQwen3Moe, "--moe-capacity-factor 1.25", "--moe-capacity-factor (moe.capacity_factor)"},
+           {kQwen3Moe, "--strategy pipeline --nproc 2", "--moe-aux-loss (moe.aux_loss)"},
+           {kQwen3Moe, "--strategy pipeline --nproc 2 --moe-aux-loss", "--moe-aux-loss (moe.aux_loss)"},
+           {kMixtral, "--method lora --lora-targets q_proj,w1", "--lora-targets (lora.targets) w1"}}) {
+    CAPTURE(model, flags);
+    const auto r = run_ftexec("--model " + model + common + " " + flags);
     CAPTURE(r.output);
     CHECK(r.exit_code == 2);
     CHECK_THAT(r.output, Contains(field));
   }
 }
 
-TEST_CASE("Qwen3 and Qwen3-MoE: measured CPU peak within 10% of the planner's (the MoE at its measured padding)",
+TEST_CASE("Mixtral and Qwen2-MoE: LoRA on the router, the experts or the shared expert is refused naming the target",
+          "[executor][family]") {
+  // In process (ftexec's exit 2 and one line are checked above): Qwen2-MoE's gate_proj/up_proj/down_proj name
+  // the routed experts' linears and the shared expert's alike (PEFT would adapt both), its shared_expert_gate is
+  // a router; Mixtral's router is gate, its experts w1, w3, w2. LoRA on the attention builds (the reference test
+  // checks its numbers).
+  for (const auto& [model, target] : std::vector<std::pair<std::string, std::string>>{
+           {kMixtral, "gate"}, {kMixtral, "w2"}, {kQwen2Moe, "gate_proj"}, {kQwen2Moe, "down_proj"},
+           {kQwen2Moe, "shared_expert_gate"}}) {
+    CAPTURE(model, target);
+    ftexec::LlamaModel m = ftexec::llama_create(spec_of(model), ftexec::ModelOptions{}, 1);
+    ftplan::LoraSpec lora;
+    lora.rank = 4;
+    lora.targets = {"q_proj", target};
+    CHECK_THROWS_WITH(ftexec::lora_attach(m, lora, 2), Contains("--lora-targets (lora.targets) " + target));
+    lora.targets = {"q_proj", "v_proj"};
+    ftexec::lora_attach(m, lora, 2);
+    CHECK(ftexec::lora_named_parameters(m).size() == size_t(2 * 2 * m.spec.num_layers));  // A and B on q, v per layer
+  }
+}
+
+TEST_CASE("Qwen3, Qwen3-MoE and Qwen2-MoE: measured CPU peak within 10% of the planner's (the MoE at its measured padding)",
           "[executor][family][memory]") {
   // test_training.cpp's standard for the dense tiny model: fp32, eager, full fine-tuning, one process,
   // seq 128 x micro-batch 8, states exact, the peak and the activations within 10%. The MoE's batched
@@ -220,7 +323,7 @@ TEST_CASE("Qwen3 and Qwen3-MoE: measured CPU peak within 10% of the planner's (t
   // (moe.capacity_factor = the run's largest E x C / (T x k)), which is what its capacity-factor model
   // describes; the load-balancing loss is off here (transformers' keeps every layer's logits and
   // softmax, which the planner counts for hf; ftexec keeps E counts per layer).
-  const std::string model = GENERATE(kQwen3, kQwen3Moe);
+  const std::string model = GENERATE(kQwen3, kQwen3Moe, kQwen2Moe);
   CAPTURE(model);
   ftplan::TrainingSetup setup;
   setup.framework = "ftexec";

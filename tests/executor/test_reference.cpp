@@ -49,7 +49,10 @@ namespace {
 
 // One comparison: a tiny model (hidden 64, 2 layers, vocab 384, head_dim 16), batch 2 x 32. Qwen3
 // adds its per-head q/k norms; Qwen3-MoE runs 3 layers, the middle one dense (mlp_only_layers [1]), the
-// others 4 experts of width 48, top 2, with the load-balancing loss (coefficient 0.02).
+// others 4 experts of width 48, top 2, with the load-balancing loss (coefficient 0.02). Mixtral: 2 layers
+// of 4 experts w1/w3/w2 of width 48 (block_sparse_moe), top 2 always renormalised, the same loss.
+// Qwen2-MoE: 4 layers, MoE on layers 1 and 3 (decoder_sparse_step 2), 4 experts of width 48 plus a shared
+// expert of width 80 scaled by its sigmoid gate, q/k/v biases, the same loss.
 struct RefCase {
   std::string name;
   ftplan::Method method;
@@ -58,8 +61,8 @@ struct RefCase {
   bool llama3_rope;                  // rope_scaling llama3 (theta 500000, factor 8, original 256)
   bool bias;                         // attention_bias and mlp_bias
   std::string targets;               // LoRA targets as --lora-targets takes them (LoRA cases)
-  std::string model_type = "llama";  // llama, qwen3, qwen3_moe
-  bool norm_topk_prob = false;       // qwen3_moe: the top-k weights renormalised
+  std::string model_type = "llama";  // llama, qwen3, qwen3_moe, mixtral, qwen2_moe
+  bool norm_topk_prob = false;       // qwen3_moe, qwen2_moe: the top-k weights renormalised (mixtral: always)
 };
 
 const std::vector<RefCase>& ref_cases() {
@@ -77,6 +80,13 @@ const std::vector<RefCase>& ref_cases() {
        false, "", "qwen3_moe", true},
       {"qwen3_moe lora q,k,v,o, tied, top 2 not renormalised, aux loss", ftplan::Method::lora, true, 2, true, false,
        "q_proj,k_proj,v_proj,o_proj", "qwen3_moe", false},
+      {"mixtral full, 4 experts w1/w3/w2 top 2, aux loss", ftplan::Method::full, false, 2, false, false, "", "mixtral"},
+      {"mixtral lora q,k,v,o, tied, llama3 RoPE, aux loss", ftplan::Method::lora, true, 1, true, false,
+       "q_proj,k_proj,v_proj,o_proj", "mixtral"},
+      {"qwen2_moe full, shared expert + gate, top 2 not renormalised, dense layers 0 and 2, qkv biases, aux loss",
+       ftplan::Method::full, false, 2, false, false, "", "qwen2_moe", false},
+      {"qwen2_moe lora q,k,v,o, tied, top 2 renormalised, shared expert, aux loss", ftplan::Method::lora, true, 2, false,
+       false, "q_proj,k_proj,v_proj,o_proj", "qwen2_moe", true},
   };
   return cases;
 }
@@ -101,6 +111,32 @@ nlohmann::json case_config(const RefCase& c) {
   if (c.model_type != "llama") {
     j.erase("mlp_bias");  // (Qwen3's MLPs have no biases, and its config no such key)
     j["architectures"] = {c.model_type == "qwen3" ? "Qwen3ForCausalLM" : "Qwen3MoeForCausalLM"};
+  }
+  if (c.model_type == "mixtral") {  // MixtralConfig's keys (no attention_bias: MixtralAttention has none)
+    j.erase("attention_bias");
+    j["architectures"] = {"MixtralForCausalLM"};
+    j["num_local_experts"] = 4;
+    j["num_experts_per_tok"] = 2;
+    j["intermediate_size"] = 48;  // each expert's width
+    j["router_aux_loss_coef"] = 0.02;
+    j["router_jitter_noise"] = 0.0;
+    j["output_router_logits"] = true;
+    j["sliding_window"] = nullptr;
+  }
+  if (c.model_type == "qwen2_moe") {  // Qwen2MoeConfig's keys (q/k/v biases always: qkv_bias's default)
+    j.erase("attention_bias");
+    j["architectures"] = {"Qwen2MoeForCausalLM"};
+    j["num_hidden_layers"] = 4;
+    j["num_experts"] = 4;
+    j["num_experts_per_tok"] = 2;
+    j["moe_intermediate_size"] = 48;
+    j["shared_expert_intermediate_size"] = 80;
+    j["decoder_sparse_step"] = 2;
+    j["mlp_only_layers"] = nlohmann::json::array();
+    j["norm_topk_prob"] = c.norm_topk_prob;
+    j["router_aux_loss_coef"] = 0.02;
+    j["output_router_logits"] = true;
+    j["use_sliding_window"] = false;
   }
   if (c.model_type == "qwen3_moe") {
     j["num_hidden_layers"] = 3;

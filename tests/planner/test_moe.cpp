@@ -376,6 +376,31 @@ TEST_CASE("activations under top-k routing: imbalance under EP, capacity, the ex
   CHECK(double(ftplan::block_activation_bytes(m, lx)) - block(1, 1.0, 0) == 2 * T * k * 2048 + 2 * T * k * 16);
 }
 
+TEST_CASE("Qwen2-MoE's shared expert, by hand: its MLP, its sigmoid gate, the output it scales; the norm's output once",
+          "[moe][memory]") {
+  // Qwen1.5-MoE-A2.7B against the same model without the shared expert, bf16 activations (a = 2), T = 1024.
+  // Full fine-tuning: the shared expert keeps gate, act(gate), up and down's input (4·a·T·sw), the gate's
+  // sigmoid (a·T) and the shared output the sigmoid multiplies (a·T·h); the MLP norm's output it reads is
+  // already kept by the router (counting it again was a planner bug, +a·T·h). LoRA on q,v: the shared expert
+  // frozen keeps gate, act(gate) and up, the sigmoid and the scaled output (the product still needs both).
+  // executor/moe.cpp keeps exactly these (tests/executor/test_families.cpp measures a tiny Qwen2-MoE).
+  const auto m = spec("qwen1.5-moe-a2.7b-chat");
+  ftplan::ModelSpec routed_only = m;
+  routed_only.moe.shared_intermediate_size = 0;
+  routed_only.moe.shared_expert_gate = false;
+  const double T = 1024, a = 2, h = 2048, sw = 5632;
+  REQUIRE(m.moe.shared_intermediate_size == 5632);
+  for (const Method method : {Method::full, Method::lora}) {
+    CAPTURE(ftplan::to_string(method));
+    auto s = job("qwen1.5-moe-a2.7b-chat", method, 8);
+    s.seq_len = 1024;
+    if (method == Method::lora) s.lora.targets = {"q_proj", "v_proj"};
+    const ftplan::ActivationInputs in = ftplan::activation_inputs(s, 1, Attention::fused);
+    const double shared = double(ftplan::block_activation_bytes(m, in)) - double(ftplan::block_activation_bytes(routed_only, in));
+    CHECK(shared == (method == Method::full ? 4 : 3) * a * T * sw + a * T + a * T * h);
+  }
+}
+
 TEST_CASE("expert parallelism: the all-to-all's bytes and time", "[moe][step]") {
   // all-to-all over N ranks: each sends (N - 1)/N of its buffer, α paid N - 1 times.
   CHECK(ftplan::wire_bytes(ftplan::Collective::all_to_all, 8e6, 8) == 7e6);

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""An independent reference for ftexec: a small Llama (and Qwen3, Qwen3-MoE) and PEFT-style LoRA in plain PyTorch.
+"""An independent reference for ftexec: a small Llama (and Qwen3, Qwen3-MoE, Mixtral, Qwen2-MoE) and PEFT-style LoRA in plain PyTorch.
 
 Written from the Hugging Face description of the architecture, never from ftexec's C++ model code,
 so that the test in tests/executor/test_reference.cpp compares two implementations, not one with
@@ -23,6 +23,21 @@ itself. What each piece follows (files read, commit):
                 decoder_sparse_step == 0, else Qwen3MoeMLP(intermediate_size)), load_balancing_loss_func
                 (attention_mask None) and Qwen3MoeForCausalLM (loss += router_aux_loss_coef * aux_loss
                 when output_router_logits).
+  transformers  src/transformers/models/mixtral/modeling_mixtral.py  @ 00d4b3d2142cb4ced2f51b90614b5d26bc045015
+                MixtralDecoderLayer (the MoE block is `block_sparse_moe`), MixtralSparseMoeBlock (gate =
+                Linear(hidden, num_local_experts); softmax in fp32, topk, routing_weights /= sum always, cast
+                back; router_jitter_noise only when > 0, which the test's configs leave at 0), experts
+                MixtralBlockSparseTop2MLP (w2(act(w1(x)) * w3(x)), width intermediate_size, no biases),
+                MixtralAttention (no biases), load_balancing_loss_func and MixtralForCausalLM (loss +=
+                router_aux_loss_coef * aux_loss when output_router_logits).
+  transformers  src/transformers/models/qwen2_moe/modeling_qwen2_moe.py  @ 00a3f9386614dde0dc41cf4e9b8d0abd3af0671d
+                Qwen2MoeAttention (q, k, v with bias=config.qkv_bias, True by default; o_proj without),
+                Qwen2MoeSparseMoeBlock (Qwen3-MoE's routing with norm_topk_prob, default False; then
+                shared_expert = Qwen2MoeMLP(shared_expert_intermediate_size) on every token, scaled by
+                F.sigmoid(shared_expert_gate(x)), shared_expert_gate = Linear(hidden, 1, bias=False), added to
+                the routed output), Qwen2MoeDecoderLayer (MoE when layer_idx not in mlp_only_layers and
+                (layer_idx + 1) % decoder_sparse_step == 0, else Qwen2MoeMLP(intermediate_size)),
+                load_balancing_loss_func ("Copied from ... mixtral"); configuration_qwen2_moe.py for defaults.
   transformers  src/transformers/modeling_rope_utils.py  @ 0044e3b3facff1a1ad60b235c69d5b45beae75a4
                 _compute_default_rope_parameters, _compute_linear_scaling_rope_parameters,
                 _compute_llama3_parameters (wavelen bands, smooth interpolation).
@@ -144,8 +159,9 @@ class Config:
 
     def __init__(self, c):
         self.model_type = c.get("model_type", "llama")
-        if self.model_type not in ("llama", "mistral", "qwen3", "qwen3_moe"):
-            raise ValueError(f"model_type {self.model_type}: the reference covers llama, mistral, qwen3 and qwen3_moe")
+        if self.model_type not in ("llama", "mistral", "qwen3", "qwen3_moe", "mixtral", "qwen2_moe"):
+            raise ValueError(f"model_type {self.model_type}: the reference covers llama, mistral, qwen3, qwen3_moe, "
+                             "mixtral and qwen2_moe")
         if c.get("hidden_act", "silu") != "silu":
             raise ValueError(f"hidden_act {c['hidden_act']}: the reference covers silu")
         self.vocab_size = c["vocab_size"]
@@ -171,6 +187,9 @@ class Config:
         self.mlp_only_layers = c.get("mlp_only_layers", [])
         self.router_aux_loss_coef = c.get("router_aux_loss_coef", 0.001)
         self.output_router_logits = c.get("output_router_logits", False)
+
+        if self.model_type in ("mixtral", "qwen2_moe"):
+            read_mixtral_or_qwen2_moe(self, c)
 
     def is_moe_layer(self, layer_idx):
         """Qwen3MoeDecoderLayer's rule."""
@@ -388,11 +407,115 @@ class DecoderLayer(nn.Module):
         return x + y
 
 
+# ----------------------------------------------------------------------------------------------
+# Mixtral and Qwen2-MoE (modeling_mixtral.py, modeling_qwen2_moe.py): what differs from Qwen3-MoE.
+
+def read_mixtral_or_qwen2_moe(cfg, c):
+    """MixtralConfig / Qwen2MoeConfig keys and defaults (configuration_mixtral.py, configuration_qwen2_moe.py)."""
+    if cfg.model_type == "mixtral":
+        if c.get("router_jitter_noise", 0.0) or c.get("sliding_window") is not None:
+            raise ValueError("mixtral: the reference covers router_jitter_noise 0 and sliding_window null")
+        cfg.num_experts = c.get("num_local_experts", 8)
+        cfg.num_experts_per_tok = c.get("num_experts_per_tok", 2)
+        cfg.moe_intermediate_size = cfg.intermediate_size  # each expert is a MixtralBlockSparseTop2MLP(intermediate_size)
+        cfg.norm_topk_prob = True                          # MixtralSparseMoeBlock renormalises always
+        cfg.decoder_sparse_step, cfg.mlp_only_layers = 1, []
+        cfg.attention_bias = False
+    else:
+        cfg.num_experts = c.get("num_experts", 60)
+        cfg.num_experts_per_tok = c.get("num_experts_per_tok", 4)
+        cfg.moe_intermediate_size = c.get("moe_intermediate_size", 1408)
+        cfg.shared_expert_intermediate_size = c.get("shared_expert_intermediate_size", 5632)
+        cfg.qkv_bias = c.get("qkv_bias", True)
+        cfg.attention_bias = False  # o_proj has no bias; q, k, v are given theirs by Qwen2MoeDecoderLayer
+    cfg.router_aux_loss_coef = c.get("router_aux_loss_coef", 0.001)
+
+
+class MixtralExpert(nn.Module):
+    """MixtralBlockSparseTop2MLP: w2(silu(w1(x)) * w3(x)), no biases."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.w1 = LoraLinear(cfg.hidden_size, cfg.moe_intermediate_size, False)
+        self.w2 = LoraLinear(cfg.moe_intermediate_size, cfg.hidden_size, False)
+        self.w3 = LoraLinear(cfg.hidden_size, cfg.moe_intermediate_size, False)
+
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class MixtralSparseMoeBlock(SparseMoeBlock):
+    """MixtralSparseMoeBlock: the routing of SparseMoeBlock.forward (softmax in fp32, topk, renormalised since
+    norm_topk_prob is True for Mixtral, cast back, each expert on its tokens, index_add), experts of w1/w3/w2."""
+
+    def __init__(self, cfg):
+        nn.Module.__init__(self)
+        self.num_experts = cfg.num_experts
+        self.top_k = cfg.num_experts_per_tok
+        self.norm_topk_prob = True
+        self.gate = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)
+        self.experts = nn.ModuleList(MixtralExpert(cfg) for _ in range(cfg.num_experts))
+
+
+class MixtralDecoderLayer(DecoderLayer):
+    """MixtralDecoderLayer: the same residual block, its MoE module named block_sparse_moe."""
+
+    def __init__(self, cfg, layer_idx=0):
+        nn.Module.__init__(self)
+        self.self_attn = Attention(cfg)
+        self.block_sparse_moe = MixtralSparseMoeBlock(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x, cos, sin, mask, router_logits):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask)
+        y, logits = self.block_sparse_moe(self.post_attention_layernorm(x))
+        router_logits.append(logits)
+        return x + y
+
+
+class Qwen2MoeSparseMoeBlock(SparseMoeBlock):
+    """Qwen2MoeSparseMoeBlock: the routed experts as Qwen3-MoE's, plus the shared expert on every token,
+    scaled by sigmoid(shared_expert_gate(x)) and added."""
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.shared_expert = MLP(cfg, cfg.shared_expert_intermediate_size)
+        self.shared_expert_gate = nn.Linear(cfg.hidden_size, 1, bias=False)
+
+    def forward(self, x):
+        b, s, h = x.shape
+        routed, router_logits = super().forward(x)
+        flat = x.view(-1, h)
+        shared = torch.sigmoid(self.shared_expert_gate(flat)) * self.shared_expert(flat)
+        return (routed.view(-1, h) + shared).view(b, s, h), router_logits
+
+
+class Qwen2MoeDecoderLayer(DecoderLayer):
+    """Qwen2MoeDecoderLayer: Qwen2MoeAttention (q, k, v biased by qkv_bias, o_proj not) and the sparse block on
+    the layers Config.is_moe_layer picks, Qwen2MoeMLP(intermediate_size) elsewhere."""
+
+    def __init__(self, cfg, layer_idx=0):
+        nn.Module.__init__(self)
+        self.self_attn = Attention(cfg)
+        h, d = cfg.hidden_size, cfg.head_dim
+        self.self_attn.q_proj = LoraLinear(h, cfg.num_attention_heads * d, cfg.qkv_bias)
+        self.self_attn.k_proj = LoraLinear(h, cfg.num_key_value_heads * d, cfg.qkv_bias)
+        self.self_attn.v_proj = LoraLinear(h, cfg.num_key_value_heads * d, cfg.qkv_bias)
+        self.mlp = Qwen2MoeSparseMoeBlock(cfg) if cfg.is_moe_layer(layer_idx) else MLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+DECODER_LAYERS = {"mixtral": MixtralDecoderLayer, "qwen2_moe": Qwen2MoeDecoderLayer}
+
+
 class Backbone(nn.Module):  # LlamaModel
     def __init__(self, cfg):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        layer = DECODER_LAYERS.get(cfg.model_type, DecoderLayer)
+        self.layers = nn.ModuleList(layer(cfg, i) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
