@@ -307,6 +307,7 @@ TEST_CASE("tensor, pipeline and data parallelism composed reproduce the single p
       {4, 2, "tp=2,pp=2,sp=1,schedule=1f1b", ""},
       {8, 2, "tp=2,pp=2,dp_replicate=2,schedule=1f1b", ""},
       {4, 1, "tp=2,sp=1,dp_replicate=2", "--method lora --lora-rank 4 --lora-targets all-linear"},
+      {2, 2, "tp=2", "--method lora --lora-rank 4 --lora-targets all-linear"},  // all-reduces, no SP
       // Context parallelism (cp_mode all_gather, ftexec's): a contiguous half of every sequence per
       // cp rank, K and V all-gathered; gradients reduced over dp x cp (FSDP shards over dp_shard x cp).
       {2, 2, "cp=2", ""},
@@ -342,8 +343,9 @@ TEST_CASE("tensor, pipeline and data parallelism composed reproduce the single p
   // Looser than the data-parallel strategies' 1e-6: split matmuls and the tp reductions (under cp,
   // the attention's split over K/V chunks and the gradients of K and V summed over cp) round
   // differently, and AdamW turns a rounding-level gradient (|g| near eps) into an update of a few
-  // percent of lr. Measured after 4 steps at lr 3e-3: worst ||a-b||/||b|| 2.0e-5 (full), 9.7e-5
-  // (LoRA, lora_B from zeros), 2.7e-5 (cp=2,dp_replicate=2; max 6.6e-4); the losses agree to 1e-7.
+  // percent of lr. Measured after 4 steps at lr 3e-3 with eps 1e-8 and no decay: worst ||a-b||/||b||
+  // 2.0e-5 (full), 9.7e-5 (LoRA, lora_B from zeros), 2.7e-5 (cp=2,dp_replicate=2; max 6.6e-4); with
+  // kOptimizer (eps 1e-6, decay 10): 4.1e-6 (full), 1.5e-5 (LoRA), 3.4e-6 (cp); the losses agree to 3e-7.
   const bool split = layout.tp > 1 || layout.cp > 1;
   CHECK(diff.norm <= (split ? 2e-4 : 1e-6));
   CHECK(diff.max <= (split ? 2e-3 : 5e-5));
@@ -377,10 +379,10 @@ TEST_CASE("tensor, pipeline and data parallelism composed reproduce the single p
     const double got = dist["comm_bytes_per_group"].value(g, 0.0);
     std::cout << ", " << g << " bytes measured " << got << " planned " << bytes;
     CAPTURE(g, got, bytes);
-    // Full fine-tuning: equal. LoRA under TP moves what the planner does not model per adapter (lora_A's
-    // gradient all-reduces, the row-parallel adapters' r-wide reductions) and skips the frozen
-    // embedding's backward exchange: printed, not asserted.
-    if (!adapter) CHECK_THAT(got, Catch::Matchers::WithinRel(bytes, 1e-9) || Catch::Matchers::WithinAbs(bytes, 0.5));
+    // Equal, LoRA's too: its adapters' own collectives (lora_A's gradient all-reduces, the row-parallel
+    // adapters' r-wide reductions, lora_B's gradients under SP) less the exchange a frozen embedding
+    // skips (planner/step_time.cpp, lora_tp_bytes).
+    CHECK_THAT(got, Catch::Matchers::WithinRel(bytes, 1e-9) || Catch::Matchers::WithinAbs(bytes, 0.5));
   }
   // The planner predicts the most loaded rank (every rank alike without a pipeline; the busiest stage
   // with one).
