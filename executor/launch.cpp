@@ -148,11 +148,10 @@ int launch_local(const LaunchOptions& o, const std::vector<std::string>& args, s
       ::setenv("FTEXEC_LAUNCHER", "1", 1);
       ::unsetenv("TORCHELASTIC_USE_AGENT_STORE");
       std::vector<char*> argv;
-      std::string self = "/proc/self/exe";
       argv.push_back(const_cast<char*>("ftexec"));
       for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
       argv.push_back(nullptr);
-      ::execv(self.c_str(), argv.data());
+      ::execv(o.executable.c_str(), argv.data());
       std::fprintf(stderr, "ftexec: rank %d: exec failed: %s\n", r, std::strerror(errno));
       std::_Exit(3);
     }

@@ -5,8 +5,17 @@
 //   torchrun --nproc-per-node 4 --no-python ftexec run plan.json --out m.json   (or srun, mpirun)
 // Flags override the plan's values. Exit codes: 0 ok, 2 bad input, 3 runtime failure (OOM, ...);
 // on failure nothing is written.
+//
+// Two binaries from this file. `ftexec` (FTEXEC_FRONT) links no LibTorch: it parses and checks the
+// command line, and as the --nproc launcher starts `ftexec-worker` once per rank; any other run it
+// hands to `ftexec-worker` by exec (same arguments, environment and process: exit codes and signals
+// are the worker's). `ftexec-worker` is the whole program and runs the job. Loading LibTorch (with
+// Debian's build, ~290 shared libraries: ~1 s and ~0.6 s of CPU) thus happens once per process that
+// trains, never in the launcher, and a command line refused by the checks never loads it.
+#include <limits.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <optional>
@@ -91,6 +100,31 @@ void setup_calibrate(CLI::App& app, CalibrateCmd& o) {
 }
 
 std::vector<std::string> rank_args_;  // the command line for the ranks --nproc starts
+std::vector<char*> argv_;             // this process's whole command line (the front execs the worker with it)
+
+// The LibTorch binary that trains: ftexec-worker beside this executable (itself in the worker).
+std::string worker_binary() {
+#ifdef FTEXEC_FRONT
+  char self[PATH_MAX];
+  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n <= 0) throw std::runtime_error(std::string("readlink(/proc/self/exe): ") + std::strerror(errno));
+  self[n] = '\0';
+  return (std::filesystem::path(self).parent_path() / "ftexec-worker").string();
+#else
+  return "/proc/self/exe";
+#endif
+}
+
+#ifdef FTEXEC_FRONT
+// The checks passed: the worker runs this very command line in this process.
+[[noreturn]] void exec_worker() {
+  const std::string worker = worker_binary();
+  std::cout.flush();
+  std::cerr.flush();
+  ::execv(worker.c_str(), argv_.data());
+  throw ftexec::RuntimeFailure("cannot start the LibTorch worker " + worker + ": " + std::strerror(errno));
+}
+#endif
 
 // Arguments for the ranks: the same command line without --nproc.
 std::vector<std::string> rank_args(int argc, char** argv) {
@@ -181,8 +215,12 @@ int run_run(const RunOptions& o) {
     ftexec::LaunchOptions lo;
     lo.nproc = nproc;
     lo.timeout_s = dist.timeout_s;
+    lo.executable = worker_binary();
     return ftexec::launch_local(lo, rank_args_, std::cerr);
   }
+#ifdef FTEXEC_FRONT
+  exec_worker();
+#else
   // One run path for one process and for N ranks (executor/dist_run.h).
   const nlohmann::json measured = ftexec::run_rank(job, env, dist);
   if (env.rank != 0) return 0;
@@ -197,6 +235,7 @@ int run_run(const RunOptions& o) {
             << (measured["ranks"].size() > 1 ? " (rank 0 of " + std::to_string(measured["ranks"].size()) + ")" : "")
             << (o.out.empty() ? "" : ", wrote " + o.out) << "\n";
   return 0;
+#endif
 }
 
 int run_calibrate(const CalibrateCmd& cmd) {
@@ -223,8 +262,12 @@ int run_calibrate(const CalibrateCmd& cmd) {
     ftexec::LaunchOptions lo;
     lo.nproc = nproc;
     lo.timeout_s = f.get_number("--timeout-s").value_or(ftexec::DistOptions{}.timeout_s);
+    lo.executable = worker_binary();
     return ftexec::launch_local(lo, rank_args_, std::cerr);
   }
+#ifdef FTEXEC_FRONT
+  exec_worker();
+#else
   const ftexec::DistEnv env = ftexec::dist_env_from_environment();
   const nlohmann::json cal = ftexec::calibrate_rank(job, hw_id, env, f.get_number("--timeout-s").value_or(ftexec::DistOptions{}.timeout_s),
                                                    o.dist.backend);
@@ -239,6 +282,7 @@ int run_calibrate(const CalibrateCmd& cmd) {
       << (env.world > 1 ? ", all-reduce bandwidth x" + std::to_string(p["link_bandwidth_factor"]["intra_node"].get<double>()) : std::string())
       << (o.out == "-" ? std::string() : ", wrote " + o.out) << "\n";
   return 0;
+#endif
 }
 
 }  // namespace
@@ -265,6 +309,8 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
     rank_args_ = rank_args(argc, argv);
+    argv_.assign(argv, argv + argc);
+    argv_.push_back(nullptr);
     return finish(calibrate.selected ? run_calibrate(calibrate) : run_run(options));
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);

@@ -156,6 +156,49 @@ double micro_batch_tokens(const TrainingSetup& setup, int64_t micro_batch) {
   return static_cast<double>(micro_batch) * row;
 }
 
+double lora_tp_bytes(const PlanContext& ctx, const Candidate& cand, double tokens, double stage_layers,
+                     double exchange_bytes) {
+  // LoRA's adapters under tensor parallelism, as ftexec runs them (executor/tensor_parallel.h, after
+  // Megatron-LM's f and g, megatron/core/tensor_parallel/mappings.py at commit
+  // 00611e6eeb0b09b5ee074750956855215ddbd67f: lora_A whole on a column-parallel base, split by input
+  // features on a row-parallel one, lora_B split by output features on a column-parallel base, whole on
+  // a row-parallel one). Bytes only, like the loss's all-reduces: r wide, their time is latency.
+  // Per micro-batch and block, for each adapted linear:
+  //   column-parallel (q, k, v, gate, up): lora_A is whole and every rank's B_r adds to its gradient:
+  //     lora_A's gradient (r x in_features) is all-reduced in backward;
+  //   row-parallel (o, down): A_r x_r is a partial sum, reduced by its own g: [tokens, r] all-reduced in
+  //     forward (under sequence parallelism reduce-scattered, its gradient all-gathered in backward),
+  //     again when full checkpointing recomputes the forward; under sequence parallelism lora_B runs on
+  //     sequence shards and its gradient (out_features x r) is all-reduced like a norm's.
+  // The base is frozen, the embedding too: nothing before the first block's attention needs a gradient,
+  // so its f's backward (an all-reduce; under sequence parallelism the reduce-scatter, with the
+  // embedding's g's backward all-gather) never runs: one exchange less, on the first stage. With a
+  // pipeline the busiest stage is the last (the head's exchange, nothing skipped).
+  const ModelSpec& model = *ctx.memory.model;
+  const TrainingSetup& setup = *ctx.memory.setup;
+  const Parallelism& par = cand.parallel;
+  const double r = static_cast<double>(setup.lora.rank);
+  const double act_elem = activation_bytes(setup.precision);
+  const double grad_elem = trainable_param_bytes(setup.precision, setup.optimizer).gradient;
+  const double z = act_elem * (tokens / par.cp) * r;  // A_r x_r of one row-parallel linear
+  const bool ckpt = cand.checkpointing == Checkpointing::full;
+  double block = 0;
+  for (const LinearShape& lin : block_linears(model)) {
+    if (std::find(setup.lora.targets.begin(), setup.lora.targets.end(), lin.name) == setup.lora.targets.end()) continue;
+    const bool row = lin.role == LinearRole::attention_out || lin.role == LinearRole::mlp_out;
+    if (!row) {
+      block += lin.instances * wire_bytes(Collective::all_reduce, r * lin.in_features * grad_elem, par.tp);
+    } else if (par.sequence_parallel) {
+      block += lin.instances * (wire_bytes(Collective::reduce_scatter, z, par.tp) * (ckpt ? 2.0 : 1.0) +
+                                wire_bytes(Collective::all_gather, z, par.tp) +
+                                wire_bytes(Collective::all_reduce, lin.out_features * r * grad_elem, par.tp));
+    } else {
+      block += lin.instances * wire_bytes(Collective::all_reduce, z, par.tp) * (ckpt ? 2.0 : 1.0);
+    }
+  }
+  return stage_layers * block - (par.pp == 1 ? exchange_bytes : 0.0);
+}
+
 ShardedLayerComm sharded_layer_comm(const PlanContext& ctx, const Candidate& cand, double tokens) {
   const ModelSpec& model = *ctx.memory.model;
   const TrainingSetup& setup = *ctx.memory.setup;
@@ -301,6 +344,8 @@ StepEstimate estimate_step(const PlanContext& ctx, const Candidate& cand, const 
         const double stage_layers = std::ceil(double(model.num_layers) / double(par.pp));
         tp_bytes += wire_bytes(Collective::all_reduce, (2.0 * stage_layers + 1.0) * model.hidden_size * act_elem, par.tp);
       }
+      if (setup.method == Method::lora || setup.method == Method::qlora)
+        tp_bytes += lora_tp_bytes(ctx, cand, T, std::ceil(L / double(par.pp)), lc.tp_collective_bytes);
     }
     const double passes = ckpt ? 2.0 : 1.0;  // full checkpointing exchanges again while it recomputes
     cp_comm = L * (passes * lc.cp_forward_s + lc.cp_backward_s);

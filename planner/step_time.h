@@ -147,5 +147,10 @@ struct ShardedLayerComm {
   double cp_forward_bytes = 0, cp_backward_bytes = 0;
 };
 ShardedLayerComm sharded_layer_comm(const PlanContext& context, const Candidate& candidate, double tokens);
+// LoRA's (and QLoRA's) own tensor-parallel bytes per micro-batch of `tokens` tokens on a pipeline stage
+// of `stage_layers` blocks, beyond the base's exchanges (each `exchange_bytes`): the adapters' small
+// collectives, less the first block's input-gradient exchange a frozen embedding never needs.
+double lora_tp_bytes(const PlanContext& context, const Candidate& candidate, double tokens, double stage_layers,
+                     double exchange_bytes);
 
 }  // namespace ftplan
