@@ -4,7 +4,7 @@
 // qkv_proj and gate_up_proj) and OLMo 2 (post-norms, whole-projection q/k norms).
 // Their forward is checked against the independent reference in test_reference.cpp; here: every
 // strategy reproduces the single process's loss, checkpoints carry Hugging Face's names (one tensor
-// per expert), the measured memory of the MoE against the planner's, and the families ftexec does
+// per expert), the measured memory of every family against the planner's (fp32, eager), and the families ftexec does
 // not build are refused in one line naming the model_type.
 #include <ATen/ATen.h>
 
@@ -38,7 +38,9 @@ namespace {
 const std::string kQwen3 = "tests/data/models/tiny-qwen3.json";
 const std::string kQwen3Moe = "tests/data/models/tiny-qwen3-moe.json";
 const std::string kGemma2 = "tests/data/models/tiny-gemma2.json";  // window 8 on layers 0, 2 (seq 32)
+const std::string kGemma3 = "tests/data/models/tiny-gemma3.json";  // window 8 on layers 0, 1; local RoPE
 const std::string kPhi3 = "tests/data/models/tiny-phi3.json";      // window 12 on every layer
+const std::string kOlmo2 = "tests/data/models/tiny-olmo2.json";
 
 ftplan::ModelSpec spec_of(const std::string& path) {
   const std::string file = path.front() == '/' ? path : std::string(FTPLAN_SOURCE_DIR) + "/" + path;
@@ -230,7 +232,8 @@ TEST_CASE("Qwen3-MoE: LoRA on the experts, QLoRA and a capacity factor are refus
   }
 }
 
-TEST_CASE("Qwen3 and Qwen3-MoE: measured CPU peak within 10% of the planner's (the MoE at its measured padding)",
+TEST_CASE("Qwen3, Qwen3-MoE, Gemma 2, Gemma 3, Phi-3, OLMo 2: measured CPU peak within 10% of the planner's (the "
+          "MoE at its measured padding)",
           "[executor][family][memory]") {
   // test_training.cpp's standard for the dense tiny model: fp32, eager, full fine-tuning, one process,
   // seq 128 x micro-batch 8, states exact, the peak and the activations within 10%. The MoE's batched
@@ -238,7 +241,7 @@ TEST_CASE("Qwen3 and Qwen3-MoE: measured CPU peak within 10% of the planner's (t
   // (moe.capacity_factor = the run's largest E x C / (T x k)), which is what its capacity-factor model
   // describes; the load-balancing loss is off here (transformers' keeps every layer's logits and
   // softmax, which the planner counts for hf; ftexec keeps E counts per layer).
-  const std::string model = GENERATE(kQwen3, kQwen3Moe);
+  const std::string model = GENERATE(kQwen3, kQwen3Moe, kGemma2, kGemma3, kPhi3, kOlmo2);
   CAPTURE(model);
   ftplan::TrainingSetup setup;
   setup.framework = "ftexec";
@@ -366,7 +369,7 @@ TEST_CASE("Phi-3: a Llama linear name as a LoRA target, and tensor parallelism, 
 
 TEST_CASE("the Gemma 3 multimodal wrapper: ftexec trains its decoder under the checkpoint's language_model. names",
           "[executor][family]") {
-  const std::string wrapper = "tests/data/models/tiny-gemma3-mm.json", text = "tests/data/models/tiny-gemma3.json";
+  const std::string wrapper = "tests/data/models/tiny-gemma3-mm.json", text = kGemma3;
   SECTION("gemma-3-4b: the decoder's names behind language_model., the vision tower not among them") {
     const auto spec = ftplan::load_model("gemma-3-4b");
     const auto list = ftexec::llama_expected_tensors(spec);
