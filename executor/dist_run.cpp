@@ -317,18 +317,21 @@ std::string read_text(const std::string& path) {
 // and shape) is read from the whole model before a strategy shards or splits it.
 struct SavePlan {
   bool adapter = false;
+  std::string prefix;  // a multimodal wrapper's prefix of its decoder's names (checkpoint_name), else ""
   std::vector<SafetensorsWriter::Tensor> layout;
   std::string saved_name(const std::string& model_name) const {
-    return adapter ? "base_model.model." + model_name : model_name;
+    return adapter ? "base_model.model." + prefix + model_name : prefix + model_name;
   }
 };
 
 SavePlan save_plan(const LlamaModel& model, ftplan::Method method) {
   SavePlan plan;
   plan.adapter = method != ftplan::Method::full;
-  // (Stacked expert tensors as one tensor per expert, the names a Hugging Face checkpoint holds.)
+  plan.prefix = model.spec.text_checkpoint_prefix;
+  // (Stacked expert tensors as one tensor per expert, the names a Hugging Face checkpoint holds; the adapters'
+  // names are PEFT's, prefixed already.)
   for (const auto& [name, t] : checkpoint_tensors(plan.adapter ? lora_named_parameters(model) : llama_named_parameters(model)))
-    plan.layout.push_back({name, safetensors_dtype_of(t.scalar_type()), t.sizes().vec()});
+    plan.layout.push_back({plan.adapter ? name : plan.prefix + name, safetensors_dtype_of(t.scalar_type()), t.sizes().vec()});
   return plan;
 }
 

@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
@@ -27,7 +28,9 @@ namespace {
 
 constexpr double kInitStd = 0.02;  // HF LlamaConfig.initializer_range
 
-const char* const kLinearNames[] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+// Every Linear a block can hold (an unused one has no weight): Llama's seven and Phi-3's fused two.
+const char* const kLinearNames[] = {"q_proj",    "k_proj",  "v_proj",    "o_proj",  "qkv_proj",
+                                    "gate_proj", "up_proj", "down_proj", "gate_up_proj"};
 
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
@@ -48,6 +51,35 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   const at::Tensor rstd = at::rsqrt(xf.pow(2).sum({-1}, /*keepdim=*/true).mul(inv_h).add(eps));
   return weight * (xf * rstd).to(x.scalar_type());
 }
+
+// An RMSNorm as the spec's family computes it. Llama (rms_norm above); Gemma2RMSNorm / Gemma3RMSNorm
+// (norm_scale_fp32): (x_fp32 · rstd) · (1 + w) in fp32, cast back (transformers
+// models/gemma2/modeling_gemma2.py @ 006e86931247d7bacf94ad00ada1fb6baf11e94b); Olmo2RMSNorm
+// (norm_cast_after_scale): (w · x_fp32 · rstd), cast back (models/olmo2/modeling_olmo2.py @
+// 000c33fdfde12e1ffafbfcdb3c926df5727a00b6). All three agree in fp32 but for Gemma's 1 + w.
+at::Tensor spec_norm(const ftplan::ModelSpec& s, const at::Tensor& x, const at::Tensor& weight) {
+  if (!s.norm_scale_fp32 && !s.norm_cast_after_scale) return rms_norm(x, weight, s.rms_norm_eps);
+  const at::Tensor xf = x.to(at::kFloat);
+  const double inv_h = 1.0 / static_cast<double>(x.size(-1));
+  const at::Tensor rstd = at::rsqrt(xf.pow(2).sum({-1}, /*keepdim=*/true).mul(inv_h).add(s.rms_norm_eps));
+  const at::Tensor scale = s.norm_scale_fp32 ? weight.to(at::kFloat) + 1.0 : weight.to(at::kFloat);
+  return (xf * rstd * scale).to(x.scalar_type());
+}
+
+// The norm where the block has one (its weight defined), else x itself.
+at::Tensor optional_norm(const ftplan::ModelSpec& s, const at::Tensor& x, const at::Tensor& weight) {
+  return weight.defined() ? spec_norm(s, x, weight) : x;
+}
+
+// The gated MLP's activation: SwiGLU's silu, GeGLU's gelu with the tanh approximation (transformers
+// ACT2FN["gelu_pytorch_tanh"] = nn.functional.gelu(approximate="tanh")); llama_create refuses others.
+at::Tensor activation(const ftplan::ModelSpec& s, const at::Tensor& x) {
+  return s.hidden_act == "gelu_pytorch_tanh" ? at::gelu(x, "tanh") : at::silu(x);
+}
+
+// cap · tanh(x / cap): Gemma 2's attention scores and final logits (eager_attention_forward,
+// Gemma2ForCausalLM.forward).
+at::Tensor soft_cap(const at::Tensor& x, double cap) { return at::tanh(x / cap) * cap; }
 
 at::Tensor linear(const Linear& l, const at::Tensor& x, bool training) {
   at::Tensor y;
@@ -78,44 +110,86 @@ at::Tensor repeat_kv(const at::Tensor& x, int64_t n_rep) {
   return x.unsqueeze(2).expand({B, kv, n_rep, S, d}).reshape({B, kv * n_rep, S, d});
 }
 
-void ensure_caches(LlamaModel& m, int64_t seq_len) {
-  if (m.cached_seq_len == seq_len) return;
-  at::NoGradGuard no_grad;
-  const auto inv = rope_inv_freq(m.spec, seq_len);
+// cos and sin [S, head_dim] of positions 0..S-1 in the compute dtype (HF's rotary embedding: fp32 angles).
+std::pair<at::Tensor, at::Tensor> rope_tables(const ftplan::ModelSpec& spec, int64_t seq_len, const at::TensorOptions& opts) {
+  const auto inv = rope_inv_freq(spec, seq_len);
   at::Tensor inv_freq = at::empty({static_cast<int64_t>(inv.size())}, at::kFloat);
   for (size_t i = 0; i < inv.size(); ++i) inv_freq[i] = static_cast<float>(inv[i]);
   at::Tensor pos = at::arange(seq_len, at::TensorOptions().dtype(at::kFloat));
   at::Tensor freqs = at::outer(pos, inv_freq);    // [S, d/2], fp32 as HF computes it
   at::Tensor emb = at::cat({freqs, freqs}, -1);  // [S, d]
+  return {emb.cos().to(opts), emb.sin().to(opts)};
+}
+
+void ensure_caches(LlamaModel& m, int64_t seq_len) {
+  if (m.cached_seq_len == seq_len) return;
+  at::NoGradGuard no_grad;
   auto opts = at::TensorOptions().dtype(m.options.dtype).device(m.options.device);
-  m.rope_cos = emb.cos().to(opts);
-  m.rope_sin = emb.sin().to(opts);
-  m.causal_mask = at::ones({seq_len, seq_len}, at::TensorOptions().dtype(at::kBool)).triu(1).to(m.options.device);
+  std::tie(m.rope_cos, m.rope_sin) = rope_tables(m.spec, seq_len, opts);
+  if (m.spec.rope_local_base_freq > 0) {
+    // Gemma3TextModel: the sliding layers' rotary embedding has base rope_local_base_freq and default RoPE
+    // (models/gemma3/modeling_gemma3.py @ 0018aa647bb13801f061e2d1027c326f531b59fb), the others rope_theta
+    // and rope_scaling.
+    ftplan::ModelSpec local = m.spec;
+    local.rope_theta = m.spec.rope_local_base_freq;
+    local.rope_scaling = ftplan::RopeScaling{};
+    std::tie(m.rope_cos_local, m.rope_sin_local) = rope_tables(local, seq_len, opts);
+  }
+  const auto bools = at::TensorOptions().dtype(at::kBool);
+  m.causal_mask = at::ones({seq_len, seq_len}, bools).triu(1).to(m.options.device);
+  if (m.spec.sliding_window > 0) {
+    // A sliding layer's query i sees keys i - W < j <= i: transformers masks tril(ones, -W) besides the causal
+    // part (Gemma2DecoderLayer.forward, sliding_window_mask = torch.tril(..., diagonal=-self.sliding_window));
+    // masking_utils' sliding_window_overlay says the same, kv_idx > q_idx - sliding_window (Mistral, Phi-3).
+    m.sliding_mask = (at::ones({seq_len, seq_len}, bools).triu(1) | at::ones({seq_len, seq_len}, bools).tril(-m.spec.sliding_window))
+                         .to(m.options.device);
+  }
   if (m.cp) {  // context parallelism: this chunk's rows (global positions; keys of the whole sequence)
-    m.rope_cos = cp_chunk(*m.cp, m.rope_cos.unsqueeze(0)).squeeze(0);
-    m.rope_sin = cp_chunk(*m.cp, m.rope_sin.unsqueeze(0)).squeeze(0);
-    m.causal_mask = cp_chunk(*m.cp, m.causal_mask.unsqueeze(0)).squeeze(0);
+    for (at::Tensor* t : {&m.rope_cos, &m.rope_sin, &m.rope_cos_local, &m.rope_sin_local, &m.causal_mask, &m.sliding_mask})
+      if (t->defined()) *t = cp_chunk(*m.cp, t->unsqueeze(0)).squeeze(0);
   }
   m.cached_seq_len = seq_len;
 }
 
-at::Tensor attention(LlamaModel& m, const LlamaBlock& blk, const at::Tensor& x) {
+bool sliding_layer(const ftplan::ModelSpec& s, int64_t layer) {
+  return s.sliding_window > 0 && layer < static_cast<int64_t>(s.sliding_layers.size()) && s.sliding_layers[size_t(layer)];
+}
+
+at::Tensor attention(LlamaModel& m, const LlamaBlock& blk, const at::Tensor& x, int64_t layer) {
   const auto& s = m.spec;
   const int64_t B = x.size(0), S = x.size(1), H = s.num_heads, KV = s.num_kv_heads, d = s.head_dim;
-  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-  at::Tensor q = linear(blk.q_proj, x, m.training).view({B, S, H, d});
-  at::Tensor k = linear(blk.k_proj, x, m.training).view({B, S, KV, d});
-  // Qwen3Attention: q_norm / k_norm, RMSNorms over head_dim, on the heads before RoPE.
-  if (blk.q_norm.defined()) q = rms_norm(q, blk.q_norm, s.rms_norm_eps);
-  if (blk.k_norm.defined()) k = rms_norm(k, blk.k_norm, s.rms_norm_eps);
+  // Gemma2Attention / Gemma3Attention: scaling = query_pre_attn_scalar**-0.5; the others head_dim**-0.5.
+  const double scale = 1.0 / std::sqrt(s.query_pre_attn_scalar > 0 ? s.query_pre_attn_scalar : static_cast<double>(d));
+  // Phi3Attention: qkv = qkv_proj(x), then q | k | v along the features (views of the one output).
+  at::Tensor qkv = s.fused_qkv ? linear(blk.qkv_proj, x, m.training) : at::Tensor();
+  auto project = [&](const Linear& l, int64_t offset, int64_t features) {
+    return qkv.defined() ? qkv.narrow(-1, offset, features) : linear(l, x, m.training);
+  };
+  at::Tensor q = project(blk.q_proj, 0, H * d);
+  at::Tensor k = project(blk.k_proj, H * d, KV * d);
+  if (s.qk_norm == ftplan::QkNorm::whole_projection) {  // Olmo2Attention: q_norm(q_proj(x)) before the head split
+    q = spec_norm(s, q, blk.q_norm);
+    k = spec_norm(s, k, blk.k_norm);
+  }
+  q = q.view({B, S, H, d});
+  k = k.view({B, S, KV, d});
+  // Qwen3Attention, Gemma3Attention: q_norm / k_norm, RMSNorms over head_dim, on the heads before RoPE.
+  if (s.qk_norm == ftplan::QkNorm::per_head) {
+    q = spec_norm(s, q, blk.q_norm);
+    k = spec_norm(s, k, blk.k_norm);
+  }
   q = q.transpose(1, 2);
   k = k.transpose(1, 2);
-  at::Tensor v = linear(blk.v_proj, x, m.training).view({B, S, KV, d}).transpose(1, 2);
-  q = apply_rope(q, m.rope_cos, m.rope_sin);
-  k = apply_rope(k, m.rope_cos, m.rope_sin);
+  at::Tensor v = project(blk.v_proj, (H + KV) * d, KV * d).view({B, S, KV, d}).transpose(1, 2);
+  qkv.reset();
+  const at::Tensor& cos = layer_rope_cos(m, layer);
+  const at::Tensor& sin = layer_rope_sin(m, layer);
+  q = apply_rope(q, cos, sin);
+  k = apply_rope(k, cos, sin);
+  const at::Tensor& mask = layer_attention_mask(m, layer);
   at::Tensor out;
   if (m.cp) {
-    out = cp_attention(*m.cp, q, k, v, m.causal_mask, scale);  // K and V exchanged over the cp group
+    out = cp_attention(*m.cp, q, k, v, mask, scale);  // K and V exchanged over the cp group
   } else if (m.options.use_sdpa) {
     if (!compat::kSdpaHasGqa) {
       k = repeat_kv(k, H / KV);
@@ -131,7 +205,9 @@ at::Tensor attention(LlamaModel& m, const LlamaBlock& blk, const at::Tensor& x) 
       // so only the fp32 softmax (and its copy in the compute dtype) is kept.
       at::Tensor scores = at::matmul(q, k.transpose(2, 3));
       scores.mul_(scale);
-      scores.masked_fill_(m.causal_mask, -std::numeric_limits<double>::infinity());
+      // Gemma 2 eager_attention_forward: scores / cap, tanh, * cap, before the mask (tanh keeps its output).
+      if (s.attn_logit_softcapping > 0) scores = soft_cap(scores, s.attn_logit_softcapping);
+      scores.masked_fill_(mask, -std::numeric_limits<double>::infinity());
       probs = at::softmax(scores, -1, at::kFloat);
     }
     probs = probs.to(x.scalar_type());
@@ -142,17 +218,27 @@ at::Tensor attention(LlamaModel& m, const LlamaBlock& blk, const at::Tensor& x) 
   return linear(blk.o_proj, out, m.training);
 }
 
-at::Tensor swiglu(LlamaModel& m, const LlamaBlock& blk, const at::Tensor& x) {
-  at::Tensor h = at::silu(linear(blk.gate_proj, x, m.training)) * linear(blk.up_proj, x, m.training);
-  return linear(blk.down_proj, h, m.training);
+// The dense gated MLP (LlamaMLP, Gemma's GeGLU, Phi3MLP's fused gate_up_proj); in a MoE layer the shared expert.
+at::Tensor gated_mlp(LlamaModel& m, const LlamaBlock& blk, const at::Tensor& x) {
+  at::Tensor gate, up;
+  if (m.spec.fused_gate_up) {  // Phi3MLP: gate, up_states = gate_up_proj(x).chunk(2, dim=-1)
+    const at::Tensor gate_up = linear(blk.gate_up_proj, x, m.training);
+    const int64_t I = gate_up.size(-1) / 2;
+    gate = gate_up.narrow(-1, 0, I);
+    up = gate_up.narrow(-1, I, I);
+  } else {
+    gate = linear(blk.gate_proj, x, m.training);
+    up = linear(blk.up_proj, x, m.training);
+  }
+  return linear(blk.down_proj, activation(m.spec, gate) * up, m.training);
 }
 
 at::Tensor mlp(LlamaModel& m, const LlamaBlock& blk, const at::Tensor& x, int64_t layer) {
-  if (!blk.moe) return swiglu(m, blk, x);
+  if (!blk.moe) return gated_mlp(m, blk, x);
   const at::Tensor routed = moe_forward(*blk.moe, m.spec, x, m.moe_aux, layer);
   // Qwen2-MoE's shared expert: the block's gate/up/down Linears (mlp.shared_expert.*), added to the routed output.
   if (m.spec.moe.shared_intermediate_size == 0) return routed;
-  return moe_add_shared(*blk.moe, x, routed, swiglu(m, blk, x));
+  return moe_add_shared(*blk.moe, x, routed, gated_mlp(m, blk, x));
 }
 
 std::vector<at::Tensor> block_trainable_tensors(const LlamaBlock& blk) {
@@ -160,8 +246,10 @@ std::vector<at::Tensor> block_trainable_tensors(const LlamaBlock& blk) {
   auto add = [&](const at::Tensor& t) {
     if (t.defined() && t.requires_grad()) out.push_back(t);
   };
-  add(blk.input_layernorm);
-  add(blk.post_attention_layernorm);
+  add(blk.attn_norm);
+  add(blk.attn_out_norm);
+  add(blk.mlp_norm);
+  add(blk.mlp_out_norm);
   add(blk.q_norm);
   add(blk.k_norm);
   if (blk.moe)
@@ -242,6 +330,22 @@ struct BlockCheckpoint : public torch::autograd::Function<BlockCheckpoint> {
   }
 };
 
+// The token embeddings; Gemma's scaled by sqrt(hidden_size) held in the compute dtype, as Gemma2Model's
+// normalizer = torch.tensor(hidden_size**0.5, dtype=hidden_states.dtype) (55.4256 is 55.5 in bf16).
+at::Tensor embed(const LlamaModel& m, const at::Tensor& ids) {
+  at::Tensor e = at::embedding(m.embed_tokens, ids);
+  if (m.spec.scaled_embedding) e = e * at::scalar_tensor(std::sqrt(static_cast<double>(m.spec.hidden_size)), e.options());
+  return e;
+}
+
+// The head on the final norm's output; Gemma2ForCausalLM: logits / cap, tanh, * cap in the compute dtype,
+// before the loss's fp32 cast.
+at::Tensor head_logits(const LlamaModel& m, const at::Tensor& normed) {
+  at::Tensor logits = at::linear(normed, m.head_weight());
+  if (m.spec.final_logit_softcapping > 0) logits = soft_cap(logits, m.spec.final_logit_softcapping);
+  return logits;
+}
+
 at::Tensor run_blocks(LlamaModel& m, at::Tensor h) {
   for (int64_t i = 0; i < static_cast<int64_t>(m.layers.size()); ++i) h = llama_block_apply(m, i, h);
   return h;
@@ -267,12 +371,62 @@ const Linear& block_linear(const LlamaBlock& b, const std::string& module) {
   if (module == "gate_proj") return b.gate_proj;
   if (module == "up_proj") return b.up_proj;
   if (module == "down_proj") return b.down_proj;
+  if (module == "qkv_proj") return b.qkv_proj;
+  if (module == "gate_up_proj") return b.gate_up_proj;
   ftplan::fail_input("unknown linear module \"" + module +
-                     "\" (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)");
+                     "\" (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj; Phi-3: qkv_proj, gate_up_proj)");
 }
 
 std::string block_linear_prefix(const std::string& module) {
-  return (module == "gate_proj" || module == "up_proj" || module == "down_proj") ? "mlp." : "self_attn.";
+  return (module == "gate_proj" || module == "up_proj" || module == "down_proj" || module == "gate_up_proj") ? "mlp."
+                                                                                                              : "self_attn.";
+}
+
+namespace {
+
+// The hidden-size norms the spec's block has: the Hugging Face name and the member holding it.
+// LlamaDecoderLayer names its pre-MLP norm post_attention_layernorm; Gemma2DecoderLayer, which norms
+// attention's output under that name, calls its pre-MLP norm pre_feedforward_layernorm; Olmo2DecoderLayer
+// has post_attention_layernorm and post_feedforward_layernorm only.
+struct NormSlot {
+  std::string name;
+  at::Tensor LlamaBlock::*member;
+  bool leading;  // listed before the linears (input_layernorm)
+};
+std::vector<NormSlot> norm_slots(const ftplan::ModelSpec& s) {
+  std::vector<NormSlot> out;
+  if (s.norm_pre_attention) out.push_back({"input_layernorm", &LlamaBlock::attn_norm, true});
+  if (s.norm_post_attention) out.push_back({"post_attention_layernorm", &LlamaBlock::attn_out_norm, false});
+  if (s.norm_pre_mlp)
+    out.push_back({s.norm_post_attention ? "pre_feedforward_layernorm" : "post_attention_layernorm", &LlamaBlock::mlp_norm, false});
+  if (s.norm_post_mlp) out.push_back({"post_feedforward_layernorm", &LlamaBlock::mlp_out_norm, false});
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, at::Tensor*>> block_norms(LlamaBlock& b, const ftplan::ModelSpec& spec, bool leading) {
+  std::vector<std::pair<std::string, at::Tensor*>> out;
+  for (const auto& n : norm_slots(spec))
+    if (n.leading == leading) out.emplace_back(n.name + ".weight", &(b.*n.member));
+  return out;
+}
+
+std::vector<std::string> block_norm_names(const ftplan::ModelSpec& spec, bool leading) {
+  std::vector<std::string> out;
+  for (const auto& n : norm_slots(spec))
+    if (n.leading == leading) out.push_back(n.name + ".weight");
+  return out;
+}
+
+const at::Tensor& layer_rope_cos(const LlamaModel& m, int64_t layer) {
+  return m.rope_cos_local.defined() && sliding_layer(m.spec, layer) ? m.rope_cos_local : m.rope_cos;
+}
+const at::Tensor& layer_rope_sin(const LlamaModel& m, int64_t layer) {
+  return m.rope_sin_local.defined() && sliding_layer(m.spec, layer) ? m.rope_sin_local : m.rope_sin;
+}
+const at::Tensor& layer_attention_mask(const LlamaModel& m, int64_t layer) {
+  return m.sliding_mask.defined() && sliding_layer(m.spec, layer) ? m.sliding_mask : m.causal_mask;
 }
 
 std::string block_linear_prefix(const ftplan::ModelSpec& spec, int64_t layer, const std::string& module) {
@@ -303,10 +457,17 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> block_extra_shapes(con
   if (spec.qk_norm == ftplan::QkNorm::per_head) {
     out.push_back({"self_attn.q_norm.weight", {spec.head_dim}});
     out.push_back({"self_attn.k_norm.weight", {spec.head_dim}});
+  } else if (spec.qk_norm == ftplan::QkNorm::whole_projection) {  // Olmo2Attention: RMSNorm(heads·head_dim), (kv_heads·head_dim)
+    out.push_back({"self_attn.q_norm.weight", {spec.q_dim()}});
+    out.push_back({"self_attn.k_norm.weight", {spec.kv_dim()}});
   }
   if (moe_layer(spec, layer))
     for (const auto& t : moe_tensor_shapes(spec)) out.push_back(t);
   return out;
+}
+
+std::string checkpoint_name(const ftplan::ModelSpec& spec, const std::string& name) {
+  return spec.text_checkpoint_prefix + name;
 }
 
 std::vector<std::pair<std::string, at::Tensor>> checkpoint_tensors(const std::vector<std::pair<std::string, at::Tensor>>& named) {
@@ -355,15 +516,20 @@ LlamaModel llama_create(const ftplan::ModelSpec& spec, const ModelOptions& optio
   if (spec.num_heads % spec.num_kv_heads != 0)
     ftplan::fail_input(spec.name + ": num_attention_heads (" + std::to_string(spec.num_heads) +
                        ") is not a multiple of num_key_value_heads (" + std::to_string(spec.num_kv_heads) + ")");
-  if (spec.qk_norm == ftplan::QkNorm::whole_projection || spec.fused_qkv || spec.fused_gate_up || spec.mla.active() ||
-      spec.norm_post_attention || !spec.norm_pre_attention || spec.norm_scale_fp32 || spec.scaled_embedding ||
-      spec.attention_sinks || spec.attn_logit_softcapping > 0 || spec.final_logit_softcapping > 0 ||
-      spec.hidden_act != "silu" || (spec.moe.active() && ((spec.moe.shared_intermediate_size > 0 && spec.moe.shared_module.empty()) ||
+  if (spec.mla.active() || spec.attention_sinks || (spec.moe.active() && ((spec.moe.shared_intermediate_size > 0 && spec.moe.shared_module.empty()) ||
                                                            spec.moe.fused_expert_params || spec.moe.expert_bias ||
                                                            !spec.moe.router_module || spec.moe.router_bias ||
                                                            spec.moe.router_score_bias)))
     ftplan::fail_input(spec.name + ": model_type " + spec.model_type + ": ftexec does not build this family's block (it "
                        "trains " + ftplan::executor_family_list() + ")");
+  if (spec.hidden_act != "silu" && spec.hidden_act != "gelu_pytorch_tanh")
+    ftplan::fail_input(spec.name + ": hidden_act " + spec.hidden_act + ": ftexec's gated MLP runs silu and gelu_pytorch_tanh");
+  if (spec.partial_rotary_factor != 1.0)
+    ftplan::fail_input(spec.name + ": partial_rotary_factor " + std::to_string(spec.partial_rotary_factor) +
+                       ": ftexec applies RoPE to the whole head_dim");
+  if (spec.sliding_window > 0 && static_cast<int64_t>(spec.sliding_layers.size()) != spec.num_layers)
+    ftplan::fail_input(spec.name + ": sliding_layers: " + std::to_string(spec.sliding_layers.size()) + " entries for " +
+                       std::to_string(spec.num_layers) + " layers");
   LlamaModel m;
   m.spec = spec;
   m.options = options;
@@ -378,11 +544,12 @@ LlamaModel llama_create(const ftplan::ModelSpec& spec, const ModelOptions& optio
     return random_init ? at::full(shape, value, target) : at::empty(shape, target);
   };
   const int64_t h = spec.hidden_size;
+  // Norm weights start at 1, Gemma's at 0 (its scale is 1 + w: Gemma3PreTrainedModel._init_weights zeroes RMSNorms).
+  const double norm_init = spec.norm_scale_fp32 ? 0.0 : 1.0;
   m.embed_tokens = normal({spec.vocab_size, h});
   for (int64_t l = 0; l < spec.num_layers; ++l) {
     LlamaBlock b;
-    b.input_layernorm = fill({h}, 1.0);
-    b.post_attention_layernorm = fill({h}, 1.0);
+    for (const auto& n : norm_slots(spec)) b.*n.member = fill({h}, norm_init);
     for (const auto& shape : layer_dense_linears(spec, l)) {
       Linear& lin = block_linear(b, shape.name);
       lin.weight = normal({shape.out_features, shape.in_features});
@@ -391,7 +558,7 @@ LlamaModel llama_create(const ftplan::ModelSpec& spec, const ModelOptions& optio
     if (moe_layer(spec, l)) b.moe = std::make_shared<MoeBlock>();
     // q/k norms start at 1, the router and the experts N(0, 0.02) as every linear (HF _init_weights).
     for (const auto& [name, shape] : block_extra_shapes(spec, l)) {
-      at::Tensor t = name.find("norm") != std::string::npos ? fill(shape, 1.0) : normal(shape);
+      at::Tensor t = name.find("norm") != std::string::npos ? fill(shape, norm_init) : normal(shape);
       if (name == "self_attn.q_norm.weight") b.q_norm = t;
       else if (name == "self_attn.k_norm.weight") b.k_norm = t;
       else
@@ -403,7 +570,7 @@ LlamaModel llama_create(const ftplan::ModelSpec& spec, const ModelOptions& optio
   m.moe_aux.enabled = spec.moe.active() && options.moe_aux_loss.value_or(spec.moe.output_router_logits);
   m.moe_aux.coef = spec.moe.aux_loss_coef;
   m.moe_aux.top_k = std::max<int64_t>(1, spec.moe.top_k);
-  m.norm = fill({h}, 1.0);
+  m.norm = fill({h}, norm_init);
   if (!spec.tie_word_embeddings) m.lm_head = normal({spec.vocab_size, h});
   return m;
 }
@@ -414,7 +581,7 @@ std::vector<std::pair<std::string, at::Tensor>> llama_named_parameters(const Lla
   for (size_t l = 0; l < m.layers.size(); ++l) {
     const auto& b = m.layers[l];
     const std::string p = "model.layers." + std::to_string(l) + ".";
-    out.emplace_back(p + "input_layernorm.weight", b.input_layernorm);
+    for (const auto& [name, slot] : block_norms(const_cast<LlamaBlock&>(b), m.spec, true)) out.emplace_back(p + name, *slot);
     for (const char* name : kLinearNames) {
       const Linear& lin = block_linear(b, name);
       const std::string q = p + block_linear_prefix(m.spec, int64_t(l), name) + name;
@@ -422,7 +589,7 @@ std::vector<std::pair<std::string, at::Tensor>> llama_named_parameters(const Lla
       if (lin.bias.defined()) out.emplace_back(q + ".bias", lin.bias);
     }
     for (const auto& [name, slot] : block_extra_tensors(const_cast<LlamaBlock&>(b), m.spec)) out.emplace_back(p + name, *slot);
-    out.emplace_back(p + "post_attention_layernorm.weight", b.post_attention_layernorm);
+    for (const auto& [name, slot] : block_norms(const_cast<LlamaBlock&>(b), m.spec, false)) out.emplace_back(p + name, *slot);
   }
   out.emplace_back("model.norm.weight", m.norm);
   if (m.lm_head.defined()) out.emplace_back("lm_head.weight", m.lm_head);
@@ -453,7 +620,7 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> llama_expected_tensors
   out.push_back({"model.embed_tokens.weight", {s.vocab_size, h}});
   for (int64_t l = 0; l < s.num_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
-    out.push_back({p + "input_layernorm.weight", {h}});
+    for (const auto& name : block_norm_names(s, true)) out.push_back({p + name, {h}});
     for (const auto& lin : layer_dense_linears(s, l)) {
       const std::string q = p + block_linear_prefix(s, l, lin.name) + lin.name;
       out.push_back({q + ".weight", {lin.out_features, lin.in_features}});
@@ -461,10 +628,11 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> llama_expected_tensors
     }
     for (const auto& [name, shape] : block_extra_shapes(s, l))
       for (auto& e : moe_checkpoint_shapes(p + name, shape)) out.push_back(std::move(e));
-    out.push_back({p + "post_attention_layernorm.weight", {h}});
+    for (const auto& name : block_norm_names(s, false)) out.push_back({p + name, {h}});
   }
   out.push_back({"model.norm.weight", {h}});
   if (!s.tie_word_embeddings) out.push_back({"lm_head.weight", {s.vocab_size, h}});
+  for (auto& e : out) e.first = checkpoint_name(s, e.first);
   return out;
 }
 
@@ -558,9 +726,11 @@ void llama_load_weights(LlamaModel& m, const std::string& path_in) {
       (void)scalar_type_of_safetensors(it->second->dtype, found_in[name] + ": " + name);
     }
   }
+  const std::string& prefix = m.spec.text_checkpoint_prefix;
   for (const auto& [name, entry] : found) {
     if (expected_names.count(name) || ends_with(name, ".rotary_emb.inv_freq")) continue;
-    if (name == "lm_head.weight" && m.spec.tie_word_embeddings) continue;  // some tied checkpoints store it
+    if (name == checkpoint_name(m.spec, "lm_head.weight") && m.spec.tie_word_embeddings) continue;  // some tied checkpoints store it
+    if (!prefix.empty() && name.compare(0, prefix.size(), prefix) != 0) continue;  // a wrapper's vision tower, projector
     problems.push_back(name + " is not a tensor of this config (" + m.spec.name + ")");
   }
   if (!problems.empty()) {
@@ -572,7 +742,7 @@ void llama_load_weights(LlamaModel& m, const std::string& path_in) {
   at::NoGradGuard no_grad;
   for (auto& [name, param] : checkpoint_tensors(llama_named_parameters(m))) {
     at::Tensor p = param;
-    p.copy_(tensor_view_of(*found.at(name)));
+    p.copy_(tensor_view_of(*found.at(checkpoint_name(m.spec, name))));
   }
 }
 
@@ -584,7 +754,7 @@ void llama_save_weights(const LlamaModel& m, const std::string& dir) {
   std::vector<SafetensorsEntry> entries;
   for (const auto& [name, t] : checkpoint_tensors(llama_named_parameters(m))) {
     keep.push_back(t.detach().to(at::kCPU).contiguous());
-    entries.push_back(safetensors_entry(name, keep.back()));
+    entries.push_back(safetensors_entry(checkpoint_name(m.spec, name), keep.back()));
   }
   write_safetensors((fs::path(dir) / "model.safetensors").string(), entries, {{"format", "pt"}});
 }
@@ -593,9 +763,11 @@ at::Tensor llama_block_forward(LlamaModel& m, int64_t layer, const at::Tensor& x
   ensure_caches(m, x.size(1) * m.seq_shards);
   if (m.tp) return tp_block_forward(m, layer, x);
   const LlamaBlock& blk = m.layers[layer];
-  const double eps = m.spec.rms_norm_eps;
-  at::Tensor h = x + attention(m, blk, rms_norm(x, blk.input_layernorm, eps));
-  return h + mlp(m, blk, rms_norm(h, blk.post_attention_layernorm, eps), layer);
+  const auto& s = m.spec;
+  // LlamaDecoderLayer: x + attn(norm(x)), then h + mlp(norm(h)); Gemma2DecoderLayer and Olmo2DecoderLayer also
+  // norm each sublayer's output before the residual add, and OLMo 2 has no norm before them.
+  at::Tensor h = x + optional_norm(s, attention(m, blk, optional_norm(s, x, blk.attn_norm), layer), blk.attn_out_norm);
+  return h + optional_norm(s, mlp(m, blk, optional_norm(s, h, blk.mlp_norm), layer), blk.mlp_out_norm);
 }
 
 at::Tensor llama_block_apply(LlamaModel& m, int64_t layer, const at::Tensor& x) {
@@ -611,7 +783,7 @@ at::Tensor llama_embed(LlamaModel& m, const at::Tensor& ids) {
   ensure_caches(m, ids.size(1));
   const at::Tensor input_ids = m.cp ? cp_chunk(*m.cp, ids) : ids;
   if (m.tp) return tp_embed(m, input_ids);
-  return at::embedding(m.embed_tokens, input_ids);
+  return embed(m, input_ids);
 }
 
 at::Tensor llama_head_loss(LlamaModel& m, const at::Tensor& h, const at::Tensor& all_labels) {
@@ -625,7 +797,7 @@ at::Tensor llama_head_loss(LlamaModel& m, const at::Tensor& h, const at::Tensor&
   at::Tensor logprobs;
   {
     // The logits die at the end of this scope: log_softmax keeps its fp32 output, not its input.
-    at::Tensor logits = at::linear(rms_norm(h, m.norm, m.spec.rms_norm_eps), m.head_weight());
+    const at::Tensor logits = head_logits(m, spec_norm(m.spec, h, m.norm));
     logprobs = at::log_softmax(logits.to(at::kFloat), -1);
   }
   if (m.cp)  // summed, so a chunk without labels adds 0 (cp refuses mixtures of experts)
@@ -639,9 +811,11 @@ at::Tensor llama_head_loss(LlamaModel& m, const at::Tensor& h, const at::Tensor&
 
 at::Tensor llama_hidden(LlamaModel& m, const at::Tensor& input_ids) {
   ensure_caches(m, input_ids.size(1));
-  at::Tensor h = run_blocks(m, at::embedding(m.embed_tokens, input_ids));
-  return rms_norm(h, m.norm, m.spec.rms_norm_eps);
+  at::Tensor h = run_blocks(m, embed(m, input_ids));
+  return spec_norm(m.spec, h, m.norm);
 }
+
+at::Tensor llama_logits(LlamaModel& m, const at::Tensor& input_ids) { return head_logits(m, llama_hidden(m, input_ids)); }
 
 at::Tensor llama_loss(LlamaModel& m, const at::Tensor& input_ids, const at::Tensor& labels) {
   return llama_head_loss(m, run_blocks(m, llama_embed(m, input_ids)), labels);

@@ -1,16 +1,28 @@
-// A Llama-family decoder (Llama 2/3/3.1/3.2, Mistral, Qwen2, Qwen3, Qwen3-MoE, Mixtral and Qwen2-MoE layouts) in LibTorch,
-// built from the same ftplan::ModelSpec the planner reads: RMSNorm, RoPE (default, linear, dynamic and
-// llama3 scaling), GQA attention, per-head q/k RMSNorms where the spec has them (Qwen3), SwiGLU MLP or a
-// mixture of experts (executor/moe.h) per layer, tied or untied head, biases as the config says.
+// A decoder of the dense families in planner/model_family.h (Llama 2/3/3.1/3.2, Mistral, Qwen2, Qwen3,
+// Gemma 2, Gemma 3 text, Phi-3/Phi-4, OLMo 2) and the mixtures of experts Qwen3-MoE, Mixtral and Qwen2-MoE (shared expert) in LibTorch, built from the same
+// ftplan::ModelSpec the planner reads: RMSNorm (Llama's, or Gemma's x·(1 + w) in fp32, or OLMo 2's cast
+// after the scale) before and/or after attention and the MLP as the spec's norm_* fields say, RoPE
+// (default, linear, dynamic and llama3 scaling; Gemma 3's local base on sliding layers), GQA attention
+// with q/k RMSNorms per head (Qwen3, Gemma 3) or over the whole projection (OLMo 2), separate or fused
+// q/k/v and gate/up projections (Phi-3), a sliding-window mask on the layers the spec names, attention
+// and final logit soft-capping, scaled embeddings (Gemma), a SwiGLU or GeGLU MLP or a mixture of
+// experts (executor/moe.h) per layer, tied or untied head, biases as the config says. Each family's
+// difference is a ModelSpec field read where it acts, never the model_type.
 // Parameters carry Hugging Face's names so safetensors load and save without a mapping table (stacked
 // expert tensors are split into one tensor per expert by moe_checkpoint_tensors).
 //
 // The forward keeps exactly the tensors listed at the top of planner/activation_memory.h for
-// backward (the measured CPU peak is checked against the planner's formula in the tests):
+// backward for the Llama block (the measured CPU peak is checked against the planner's formula in
+// the tests):
 //   RMSNorm upcasts its input to fp32 first; eager attention repeats k and v to all heads and takes
 //   an fp32 softmax; o_proj reads a contiguous copy; SwiGLU is down(silu(gate(x)) * up(x)); the loss
 //   is an fp32 log_softmax + nll_loss on labels shifted by the data loader, and the logits are not
 //   kept alive after it.
+// What the other blocks keep beyond that (not in the planner's formula): soft-capping's tanh outputs
+// (one per attention score, and the logits before the fp32 cast), the post-norms' inputs, OLMo 2's
+// whole-projection q/k norm inputs, GeGLU's gelu input (as SwiGLU's silu input), a sliding layer's
+// mask (bool, S x S, shared by the layers); a fused qkv_proj / gate_up_proj output is one tensor
+// whose q, k, v (gate, up) are views.
 #pragma once
 
 #include <cstdint>
@@ -46,12 +58,19 @@ struct Linear {
 };
 
 struct LlamaBlock {
-  at::Tensor input_layernorm;           // [hidden]
+  // The block's RMSNorms of hidden size, each undefined where the spec has none (block_norms gives their
+  // Hugging Face names: the name "post_attention_layernorm" is Llama's pre-MLP norm and Gemma's norm on the
+  // attention output).
+  at::Tensor attn_norm;       // before attention (norm_pre_attention): input_layernorm
+  at::Tensor attn_out_norm;   // on attention's output (norm_post_attention, Gemma, OLMo 2)
+  at::Tensor mlp_norm;        // before the MLP (norm_pre_mlp)
+  at::Tensor mlp_out_norm;    // on the MLP's output (norm_post_mlp): post_feedforward_layernorm
   Linear q_proj, k_proj, v_proj, o_proj;
-  at::Tensor q_norm, k_norm;            // [head_dim] each, Qwen3's per-head RMSNorms (self_attn.q_norm.weight);
-                                        // undefined without (ModelSpec::qk_norm none)
-  at::Tensor post_attention_layernorm;  // [hidden]
+  Linear qkv_proj;                      // Phi-3's fused q|k|v (ModelSpec::fused_qkv); q/k/v_proj then empty
+  at::Tensor q_norm, k_norm;            // q/k RMSNorms (self_attn.q_norm.weight): [head_dim] per head (Qwen3, Gemma 3),
+                                        // [q_dim] and [kv_dim] over the projection (OLMo 2); undefined without
   Linear gate_proj, up_proj, down_proj; // the dense MLP; weights undefined in a MoE layer
+  Linear gate_up_proj;                  // Phi-3's fused gate|up (ModelSpec::fused_gate_up); gate/up_proj then empty
   std::shared_ptr<MoeBlock> moe;        // a MoE layer's router and experts (executor/moe.h), else null
 };
 
@@ -78,7 +97,9 @@ struct LlamaModel {
   // Caches for the current sequence length (no grad, on the device).
   int64_t cached_seq_len = 0;
   at::Tensor rope_cos, rope_sin;  // [S, head_dim] in the compute dtype
+  at::Tensor rope_cos_local, rope_sin_local;  // the sliding layers' (ModelSpec::rope_local_base_freq), else undefined
   at::Tensor causal_mask;         // [S, S] bool, true above the diagonal
+  at::Tensor sliding_mask;        // [S, S] bool, also true at distance >= sliding_window; undefined without a window
   // Tensor parallelism (executor/tensor_parallel.h): this rank's shard of every split tensor, and the
   // state llama_embed / llama_block_forward / llama_head_loss then run the tensor-parallel forward
   // with; null for a whole model. seq_shards: the residual stream holds S / seq_shards tokens
@@ -112,6 +133,11 @@ int64_t llama_nf4_bytes(const LlamaModel& model);
 std::vector<std::pair<std::string, at::Tensor>> llama_named_parameters(const LlamaModel& model);
 // The names and shapes a checkpoint of this config must hold (one tensor per expert).
 std::vector<std::pair<std::string, std::vector<int64_t>>> llama_expected_tensors(const ftplan::ModelSpec& spec);
+// A parameter's name in the model's Hugging Face checkpoint: the model's own name ("model.norm.weight") with
+// a multimodal wrapper's prefix of its decoder (ModelSpec::text_checkpoint_prefix, Gemma 3:
+// "language_model.model.norm.weight"). ftexec trains the wrapper's decoder only: loading skips the
+// wrapper's other tensors (vision tower, projector) and saving writes the decoder's.
+std::string checkpoint_name(const ftplan::ModelSpec& spec, const std::string& name);
 // Named tensors as a Hugging Face checkpoint holds them: stacked expert tensors split into per-expert views.
 std::vector<std::pair<std::string, at::Tensor>> checkpoint_tensors(const std::vector<std::pair<std::string, at::Tensor>>& named);
 
@@ -124,8 +150,19 @@ std::vector<ftplan::LinearShape> layer_dense_linears(const ftplan::ModelSpec& sp
 std::vector<std::pair<std::string, at::Tensor*>> block_extra_tensors(LlamaBlock& block, const ftplan::ModelSpec& spec);
 std::vector<std::pair<std::string, std::vector<int64_t>>> block_extra_shapes(const ftplan::ModelSpec& spec, int64_t layer);
 
-// The seven linears of one block by module name ("q_proj", ..., "down_proj") and their HF prefix
-// inside the block ("self_attn." or "mlp.").
+// The block's hidden-size RMSNorms by Hugging Face name inside the layer, in checkpoint order: `leading`
+// true gives the one before the linears (input_layernorm), false the others (post_attention_layernorm,
+// pre_feedforward_layernorm, post_feedforward_layernorm, as the spec has them).
+std::vector<std::pair<std::string, at::Tensor*>> block_norms(LlamaBlock& block, const ftplan::ModelSpec& spec, bool leading);
+std::vector<std::string> block_norm_names(const ftplan::ModelSpec& spec, bool leading);
+
+// The layer's RoPE tables and attention mask (a sliding layer's window, Gemma 3's local RoPE).
+const at::Tensor& layer_rope_cos(const LlamaModel& model, int64_t layer);
+const at::Tensor& layer_rope_sin(const LlamaModel& model, int64_t layer);
+const at::Tensor& layer_attention_mask(const LlamaModel& model, int64_t layer);
+
+// The linears of one block by module name ("q_proj", ..., "down_proj", Phi-3's "qkv_proj" and
+// "gate_up_proj") and their HF prefix inside the block ("self_attn." or "mlp.").
 Linear& block_linear(LlamaBlock& block, const std::string& module);
 const Linear& block_linear(const LlamaBlock& block, const std::string& module);
 std::string block_linear_prefix(const std::string& module);
@@ -149,6 +186,9 @@ at::Tensor llama_loss(LlamaModel& model, const at::Tensor& input_ids, const at::
 
 // Final hidden states [B, S, hidden] after the last norm (no head): for tests and inference.
 at::Tensor llama_hidden(LlamaModel& model, const at::Tensor& input_ids);
+// The logits [B, S, vocab] in the compute dtype: the head on llama_hidden, soft-capped where the spec says
+// (final_logit_softcapping), as the loss sees them.
+at::Tensor llama_logits(LlamaModel& model, const at::Tensor& input_ids);
 
 // The model in its units, as the distributed strategies run it (llama_loss is their composition):
 // the embedding of input_ids [B, S]; one block, checkpointed when options.checkpointing and grad mode

@@ -23,6 +23,16 @@ void lora_attach(LlamaModel& m, const ftplan::LoraSpec& lora, uint64_t seed) {
         ftplan::fail_input("--lora-targets (lora.targets) " + t + ": LoRA on a mixture of experts' router or routed "
                            "experts is not implemented by ftexec (target the attention linears, e.g. q_proj,k_proj,v_proj,o_proj)");
     (void)block_linear(m.layers.at(0), t);  // InputError naming an unknown one
+    // A Llama name on a fused model (q_proj on Phi-3) or the reverse would adapt nothing: refused by name.
+    std::string names;
+    bool present = false;
+    for (const auto& lin : ftplan::model_linears(m.spec)) {
+      present |= lin.name == t;
+      names += (names.empty() ? "" : ", ") + lin.name;
+    }
+    if (!present)
+      ftplan::fail_input("--lora-targets (lora.targets) " + t + ": not a linear of a " + m.spec.model_type + " block (" +
+                         names + ")");
   }
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed ^ 0x4c6f5241u);  // "LoRA": apart from the base init
   const auto target = at::TensorOptions().dtype(m.options.dtype).device(m.options.device);
@@ -50,7 +60,7 @@ std::vector<std::pair<std::string, at::Tensor>> lora_named_parameters(const Llam
     for (const auto& shape : layer_dense_linears(m.spec, static_cast<int64_t>(l))) {
       const Linear& lin = block_linear(m.layers[l], shape.name);
       if (!lin.lora) continue;
-      const std::string p = "base_model.model.model.layers." + std::to_string(l) + "." +
+      const std::string p = "base_model.model." + checkpoint_name(m.spec, "model.layers.") + std::to_string(l) + "." +
                             block_linear_prefix(m.spec, static_cast<int64_t>(l), shape.name) + shape.name;
       out.emplace_back(p + ".lora_A.weight", lin.lora->a);
       out.emplace_back(p + ".lora_B.weight", lin.lora->b);

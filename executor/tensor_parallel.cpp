@@ -192,7 +192,7 @@ at::Tensor repeat_kv(const at::Tensor& x, int64_t n_rep) {
 }
 
 // llama_model.cpp's attention over this rank's H/tp heads and KV/tp KV heads.
-at::Tensor attention(LlamaModel& m, const LlamaBlock& blk, const at::Tensor& x_local) {
+at::Tensor attention(LlamaModel& m, const LlamaBlock& blk, const at::Tensor& x_local, int64_t layer) {
   const TensorParallel& tp = tp_of(m);
   const auto& s = m.spec;
   const at::Tensor x = enter(tp, x_local);
@@ -201,11 +201,14 @@ at::Tensor attention(LlamaModel& m, const LlamaBlock& blk, const at::Tensor& x_l
   at::Tensor q = column(tp, blk.q_proj, x, m.training).view({B, S, H, d}).transpose(1, 2);
   at::Tensor k = column(tp, blk.k_proj, x, m.training).view({B, S, KV, d}).transpose(1, 2);
   at::Tensor v = column(tp, blk.v_proj, x, m.training).view({B, S, KV, d}).transpose(1, 2);
-  q = q * m.rope_cos + rotate_half(q) * m.rope_sin;
-  k = k * m.rope_cos + rotate_half(k) * m.rope_sin;
+  const at::Tensor& cos = layer_rope_cos(m, layer);
+  const at::Tensor& sin = layer_rope_sin(m, layer);
+  const at::Tensor& mask = layer_attention_mask(m, layer);  // a sliding layer's window (Mistral)
+  q = q * cos + rotate_half(q) * sin;
+  k = k * cos + rotate_half(k) * sin;
   at::Tensor out;
   if (m.cp) {
-    out = cp_attention(*m.cp, q, k, v, m.causal_mask, scale);  // this rank's heads' K and V over the cp group
+    out = cp_attention(*m.cp, q, k, v, mask, scale);  // this rank's heads' K and V over the cp group
   } else if (m.options.use_sdpa) {
     if (!compat::kSdpaHasGqa) {
       k = repeat_kv(k, H / KV);
@@ -219,7 +222,7 @@ at::Tensor attention(LlamaModel& m, const LlamaBlock& blk, const at::Tensor& x_l
     {
       at::Tensor scores = at::matmul(q, k.transpose(2, 3));
       scores.mul_(scale);
-      scores.masked_fill_(m.causal_mask, -std::numeric_limits<double>::infinity());
+      scores.masked_fill_(mask, -std::numeric_limits<double>::infinity());
       probs = at::softmax(scores, -1, at::kFloat);
     }
     probs = probs.to(x.scalar_type());
@@ -275,6 +278,14 @@ void tp_shard_model(LlamaModel& m, Comm& comm, const ftplan::Parallelism& layout
   tp->tp = layout.tp;
   tp->rank = comm.rank();
   tp->sequence_parallel = layout.sequence_parallel;
+  const auto& spec = m.spec;
+  if (spec.fused_qkv || spec.fused_gate_up || spec.qk_norm != ftplan::QkNorm::none || spec.norm_post_attention ||
+      spec.norm_post_mlp || !spec.norm_pre_attention || !spec.norm_pre_mlp || spec.norm_scale_fp32 ||
+      spec.norm_cast_after_scale || spec.scaled_embedding || spec.attn_logit_softcapping > 0 ||
+      spec.final_logit_softcapping > 0 || spec.query_pre_attn_scalar > 0 || spec.hidden_act != "silu")
+    ftplan::fail_input("--parallel (parallel) tp(" + std::to_string(layout.tp) + "): model_type " + spec.model_type +
+                       ": ftexec's tensor parallelism runs the Llama block (no fused projections, q/k norms, post-norms, "
+                       "Gemma norms, soft-capping or GeGLU)");
   const int64_t n = tp->tp, r = tp->rank, V = m.spec.vocab_size;
   if (comm.world() != n)
     throw std::logic_error("tp_shard_model: the tp group has " + std::to_string(comm.world()) + " ranks, tp is " + std::to_string(n));
@@ -339,8 +350,9 @@ at::Tensor tp_block_forward(LlamaModel& m, int64_t layer, const at::Tensor& x) {
   const TensorParallel& tp = tp_of(m);
   const LlamaBlock& blk = m.layers[layer];
   const double eps = m.spec.rms_norm_eps;
-  at::Tensor h = x + attention(m, blk, rms_norm(x, norm_weight(tp, blk.input_layernorm), eps));
-  return h + mlp(m, blk, rms_norm(h, norm_weight(tp, blk.post_attention_layernorm), eps));
+  // The Llama block only (exec_problems refuses tp for the others' norms, fused projections and soft-capping).
+  at::Tensor h = x + attention(m, blk, rms_norm(x, norm_weight(tp, blk.attn_norm), eps), layer);
+  return h + mlp(m, blk, rms_norm(h, norm_weight(tp, blk.mlp_norm), eps));
 }
 
 at::Tensor tp_head_loss(LlamaModel& m, const at::Tensor& h, const at::Tensor& labels) {

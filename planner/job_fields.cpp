@@ -506,6 +506,18 @@ std::vector<std::string> exec_problems(const TrainingSetup& s, const ModelSpec& 
                            "): the embedding and head are split by vocabulary");
       if (model.moe.active()) problems.push_back(f + ": ftexec's tensor parallelism splits dense Llama blocks, not experts");
       if (model.qk_norm != QkNorm::none) problems.push_back(f + ": ftexec's tensor parallelism has no q/k norms");
+      // The tensor-parallel block (executor/tensor_parallel.cpp) is Llama's: anything else is refused by its field.
+      if (model.fused_qkv || model.fused_gate_up)
+        problems.push_back(f + ": fused_qkv/fused_gate_up (" + model.model_type +
+                           "'s qkv_proj, gate_up_proj): ftexec's tensor parallelism splits separate q/k/v and gate/up");
+      if (model.norm_post_attention || model.norm_post_mlp || !model.norm_pre_attention || !model.norm_pre_mlp ||
+          model.norm_scale_fp32 || model.norm_cast_after_scale)
+        problems.push_back(f + ": the " + model.model_type + " block's norms (norm_post_attention, norm_post_mlp, "
+                           "norm_scale_fp32): ftexec's tensor parallelism runs the Llama block's two RMSNorms");
+      if (model.scaled_embedding || model.attn_logit_softcapping > 0 || model.final_logit_softcapping > 0 ||
+          model.query_pre_attn_scalar > 0 || model.hidden_act != "silu")
+        problems.push_back(f + ": " + model.model_type + "'s scaled_embedding, soft-capping, query_pre_attn_scalar or "
+                           "hidden_act " + model.hidden_act + ": ftexec's tensor parallelism runs the Llama block");
       if (s.method == Method::qlora) problems.push_back(f + " with --method (method) qlora: ftexec splits dense weights only");
       if (s.method != Method::full && s.lora.dropout > 0)
         problems.push_back(f + " with --lora-dropout (lora.dropout) " + std::to_string(s.lora.dropout) +
@@ -517,6 +529,9 @@ std::vector<std::string> exec_problems(const TrainingSetup& s, const ModelSpec& 
     if (p.cp > 1) {
       const std::string f = "--parallel (parallel) " + to_string(p) + ": cp(" + std::to_string(p.cp) + ")";
       if (model.moe.active()) problems.push_back(f + ": ftexec's context parallelism runs dense Llama blocks, not experts");
+      if (model.attn_logit_softcapping > 0)
+        problems.push_back(f + ": attn_logit_softcapping " + std::to_string(model.attn_logit_softcapping) +
+                           ": ftexec's context-parallel attention does not soft-cap the scores");
       if (s.method != Method::full && s.lora.dropout > 0)
         problems.push_back(f + " with --lora-dropout (lora.dropout) " + std::to_string(s.lora.dropout) +
                            ": ftexec runs LoRA dropout 0 under context parallelism");
@@ -534,7 +549,8 @@ std::vector<std::string> exec_problems(const TrainingSetup& s, const ModelSpec& 
     problems.push_back("--checkpointing (checkpointing) selective: ftexec checkpoints whole blocks (none or full)");
   if (s.compile) problems.push_back("--compile (compile): ftexec does not compile");
   const ModelFamily* family = find_model_family(model.model_type);
-  if (!family || !family->executor_runs || !model.wrapper_type.empty())
+  const ModelFamily* wrapper = model.wrapper_type.empty() ? nullptr : find_model_family(model.wrapper_type);
+  if (!family || !family->executor_runs || (wrapper && !wrapper->executor_runs))
     problems.push_back("--model (model) model_type " + (model.wrapper_type.empty() ? model.model_type : model.wrapper_type) +
                        ": ftexec trains " + executor_family_list() + " (not yet this family)");
   if (model.moe.active()) {
@@ -548,9 +564,17 @@ std::vector<std::string> exec_problems(const TrainingSetup& s, const ModelSpec& 
   if (model.quantized.active())
     problems.push_back("--model (model): quantization_config " + model.quantized.method +
                        ": ftexec quantises to NF4 itself and does not load a pre-quantized checkpoint");
-  if (model.sliding_window > 0 && s.seq_len > model.sliding_window)
-    problems.push_back("--seq-len (seq_len) " + std::to_string(s.seq_len) + " exceeds the model's sliding_window (" +
-                       std::to_string(model.sliding_window) + "): ftexec attends over the whole sequence");
+  // Eager attention masks the sliding window and soft-caps the scores; the fused kernel is causal only.
+  if (s.attention == Attention::fused && model.sliding_window > 0 && s.seq_len > model.sliding_window)
+    problems.push_back("--attention (attention) fused with --seq-len (seq_len) " + std::to_string(s.seq_len) +
+                       " above the model's sliding_window (" + std::to_string(model.sliding_window) +
+                       "): ftexec's fused attention is causal only; use eager");
+  if (s.attention == Attention::fused && model.attn_logit_softcapping > 0)
+    problems.push_back("--attention (attention) fused: attn_logit_softcapping " +
+                       std::to_string(model.attn_logit_softcapping) + ": ftexec's fused attention does not soft-cap; use eager");
+  if (model.partial_rotary_factor != 1.0)
+    problems.push_back("--model (model) " + model.name + ": partial_rotary_factor " +
+                       std::to_string(model.partial_rotary_factor) + ": ftexec applies RoPE to the whole head_dim");
   if (model.max_position_embeddings > 0 && s.seq_len > model.max_position_embeddings && model.rope_scaling.type.empty())
     problems.push_back("--seq-len (seq_len) " + std::to_string(s.seq_len) + " exceeds the model's max_position_embeddings (" +
                        std::to_string(model.max_position_embeddings) + ")");

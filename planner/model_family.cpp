@@ -67,7 +67,8 @@ std::vector<ModelFamily> make_table() {
     f.softcapping = true;
     f.sliding = SlidingLayers::every_other;
     f.defaults = R"({"head_dim": 256, "sliding_window": 4096, "final_logit_softcapping": 30.0,
-                     "attn_logit_softcapping": 50.0})";
+                     "attn_logit_softcapping": 50.0, "query_pre_attn_scalar": 256})";
+    f.executor_runs = true;
     t.push_back(f);
   }
   {  // models/gemma3/modeling_gemma3.py: Gemma 2's block + Gemma3Attention.q_norm/k_norm = Gemma3RMSNorm(head_dim);
@@ -89,7 +90,9 @@ std::vector<ModelFamily> make_table() {
     f.defaults = R"({"vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
                      "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
                      "max_position_embeddings": 131072, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
-                     "sliding_window": 4096, "sliding_window_pattern": 6})";
+                     "sliding_window": 4096, "sliding_window_pattern": 6, "query_pre_attn_scalar": 256,
+                     "rope_local_base_freq": 10000.0})";
+    f.executor_runs = true;
     t.push_back(f);
   }
   {  // models/gemma3/modeling_gemma3.py Gemma3ForConditionalGeneration: a Gemma3TextModel (text_config), a SigLIP
@@ -100,6 +103,11 @@ std::vector<ModelFamily> make_table() {
               "image_token_index", "boi_token_id", "eoi_token_id", "image_token_id"};
     f.text_config_type = "gemma3_text";
     f.default_lora_targets = {"q_proj", "v_proj"};  // PEFT maps gemma3_text; the wrapper's decoder is one
+    // The published checkpoints (google/gemma-3-4b-it) hold language_model.model.* and vision_tower.*,
+    // multi_modal_projector.*: Gemma3ForConditionalGeneration._checkpoint_conversion_mapping maps
+    // "^language_model.model" to its model.language_model (modeling_gemma3.py @ 0018aa647bb13801f061e2d1027c326f531b59fb).
+    f.text_checkpoint_prefix = "language_model.";
+    f.executor_runs = true;  // the text model only: the vision tower runs no forward on text batches
     t.push_back(f);
   }
   {  // models/phi3/modeling_phi3.py: Phi3Attention.qkv_proj = Linear(hidden, (heads + 2·kv_heads)·head_dim, bias=False),
@@ -111,6 +119,7 @@ std::vector<ModelFamily> make_table() {
     f.fused_qkv = f.fused_gate_up = true;
     f.sliding = SlidingLayers::all;
     f.default_lora_targets = {};
+    f.executor_runs = true;
     t.push_back(f);
   }
   {  // models/olmo2/modeling_olmo2.py: Olmo2DecoderLayer has post_attention_layernorm and post_feedforward_layernorm
@@ -122,7 +131,9 @@ std::vector<ModelFamily> make_table() {
     f.norm_pre_attention = f.norm_pre_mlp = false;
     f.norm_post_attention = f.norm_post_mlp = true;
     f.qk_norm = QkNorm::whole_projection;
+    f.norm_cast_after_scale = true;  // Olmo2RMSNorm: (self.weight * hidden_states).to(input_dtype)
     f.default_lora_targets = {};
+    f.executor_runs = true;
     t.push_back(f);
   }
   {  // models/mixtral/modeling_mixtral.py: MixtralAttention as Mistral's (sliding_window on every layer, null: none);

@@ -91,6 +91,7 @@ struct ModelFamily {
   bool norm_post_mlp = false;
   QkNorm qk_norm = QkNorm::none;
   bool norm_scale_fp32 = false;
+  bool norm_cast_after_scale = false;  // OLMo 2: weight·x in fp32, then the cast
   bool fused_qkv = false;
   bool fused_gate_up = false;
   std::string activation_key = "hidden_act";  // Gemma reads hidden_activation (then hidden_act)
@@ -110,8 +111,9 @@ struct ModelFamily {
   std::string defaults;              // JSON: transformers' config-class defaults for keys a published config
                                      // omits (applied under the config), or ""
   std::string text_config_type;      // a multimodal wrapper: the model_type of its text_config, else ""
-  bool executor_runs = false;        // ftexec builds and trains this family (llama, mistral, qwen2, qwen3, mixtral,
-                                     // qwen2_moe, qwen3_moe)
+  std::string text_checkpoint_prefix;  // a wrapper: its checkpoints' prefix of the decoder's names, e.g. "language_model."
+  bool executor_runs = false;        // ftexec builds and trains this family (llama, mistral, qwen2, qwen3, gemma2,
+                                     // gemma3_text, phi3, olmo2, mixtral, qwen2_moe, qwen3_moe)
 };
 
 // The row for a model_type, or nullptr.

@@ -266,6 +266,13 @@ void read_decoder(const nlohmann::json& config, const ModelFamily& f, const std:
     m.rope_scaling = read_rope_scaling(rp, where + ": rope_parameters");
   }
   if (has_field(c, "rope_scaling")) m.rope_scaling = read_rope_scaling(c.at("rope_scaling"), where + ": rope_scaling");
+  if (contains(f.keys, "query_pre_attn_scalar"))
+    m.query_pre_attn_scalar = read_number_or(c, "query_pre_attn_scalar", double(m.head_dim), where, 1e-6, 1e9);
+  if (contains(f.keys, "rope_local_base_freq"))
+    m.rope_local_base_freq = read_number_or(c, "rope_local_base_freq", m.rope_theta, where, 1e-6, 1e12);
+  if (contains(f.keys, "partial_rotary_factor"))
+    m.partial_rotary_factor = read_number_or(c, "partial_rotary_factor", 1.0, where, 1e-6, 1.0);
+  m.norm_cast_after_scale = f.norm_cast_after_scale;
   read_sliding_window(c, f, where, m);
   m.attention_sinks = f.attention_sinks;
   if (f.mla) read_mla(c, where, m);
@@ -337,6 +344,7 @@ ModelSpec model_spec_from_json(const nlohmann::json& c, const std::string& name)
     // A multimodal wrapper: its own keys, the decoder in text_config, the tower in vision_config.
     check_keys(c, *f, where, false);
     m.wrapper_type = f->model_type;
+    m.text_checkpoint_prefix = f->text_checkpoint_prefix;
     const ModelFamily* text = find_model_family(f->text_config_type);
     const nlohmann::json tc = has_field(c, "text_config") ? c.at("text_config") : nlohmann::json::object();
     if (!tc.is_object()) fail_input(where + ": text_config: expected an object");

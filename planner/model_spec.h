@@ -95,6 +95,9 @@ struct ModelSpec {
   std::string model_type;        // the decoder's family: "llama", "mistral", "qwen2", "qwen3", "gemma2",
                                  // "gemma3_text", "phi3", "olmo2" (a wrapper's text_config family)
   std::string wrapper_type;      // the config's own model_type when it wraps the decoder, e.g. "gemma3"; else ""
+  std::string text_checkpoint_prefix;  // a wrapper's checkpoint names of the decoder: this + the decoder's own
+                                       // ("model.layers.0...", "lm_head.weight"), e.g. "language_model." (Gemma 3's
+                                       // published checkpoints); "" for a plain decoder
   int64_t vocab_size = 0;        // e.g. 128256
   int64_t hidden_size = 0;       // e.g. 4096
   int64_t intermediate_size = 0; // e.g. 14336
@@ -119,11 +122,19 @@ struct ModelSpec {
   bool norm_post_mlp = false;       // post_feedforward_layernorm, e.g. true (Gemma 2/3, OLMo 2)
   QkNorm qk_norm = QkNorm::none;    // e.g. per_head (Qwen3)
   bool norm_scale_fp32 = false;     // Gemma: x·(1 + weight) in fp32, so a trained norm keeps an fp32 output
+  bool norm_cast_after_scale = false;  // weight·x in fp32, then cast back (OLMo 2's Olmo2RMSNorm; Gemma's too, by
+                                       // norm_scale_fp32); false: Llama's cast of x first, then ·weight. Read by ftexec
+                                       // only (the same in fp32; the planner counts both alike)
   bool fused_qkv = false;           // one qkv_proj instead of q,k,v (Phi-3)
   bool fused_gate_up = false;       // one gate_up_proj instead of gate, up (Phi-3)
   std::string hidden_act = "silu";  // the gated MLP's activation, e.g. "silu" (SwiGLU), "gelu_pytorch_tanh"
                                     // (GeGLU): the same tensors are kept either way
   bool scaled_embedding = false;    // embeddings × sqrt(hidden_size) (Gemma): no parameters, nothing kept
+  double query_pre_attn_scalar = 0;    // attention scores scaled by query_pre_attn_scalar^-0.5, e.g. 256 (Gemma 2/3);
+                                       // 0: head_dim (the Llama scaling)
+  double rope_local_base_freq = 0;     // the sliding layers' RoPE base (default RoPE, no scaling), e.g. 10000.0
+                                       // (Gemma 3); 0: every layer uses rope_theta and rope_scaling
+  double partial_rotary_factor = 1.0;  // RoPE on this fraction of head_dim, e.g. 0.75 (Phi-4-mini); 1: all of it
   double attn_logit_softcapping = 0;   // cap·tanh(scores/cap) on attention scores, e.g. 50.0 (Gemma 2); 0 = none
   double final_logit_softcapping = 0;  // the same on the logits, e.g. 30.0 (Gemma 2); 0 = none
   int64_t sliding_window = 0;          // tokens a local layer attends to, e.g. 4096 (Gemma 2); 0 = none

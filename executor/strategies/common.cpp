@@ -16,7 +16,7 @@ std::vector<std::vector<UnitTensor>> model_units(LlamaModel& m, bool with_nf4) {
     auto& b = m.layers[l];
     const std::string p = "model.layers." + std::to_string(l) + ".";
     std::vector<UnitTensor> u;
-    u.push_back({p + "input_layernorm.weight", &b.input_layernorm});
+    for (const auto& [name, slot] : block_norms(b, m.spec, true)) u.push_back({p + name, slot});
     for (const auto& shape : layer_dense_linears(m.spec, static_cast<int64_t>(l))) {
       Linear& lin = block_linear(b, shape.name);
       const std::string q = p + block_linear_prefix(m.spec, static_cast<int64_t>(l), shape.name) + shape.name;
@@ -33,7 +33,7 @@ std::vector<std::vector<UnitTensor>> model_units(LlamaModel& m, bool with_nf4) {
       }
     }
     for (const auto& [name, slot] : block_extra_tensors(b, m.spec)) u.push_back({p + name, slot});  // q/k norms, experts
-    u.push_back({p + "post_attention_layernorm.weight", &b.post_attention_layernorm});
+    for (const auto& [name, slot] : block_norms(b, m.spec, false)) u.push_back({p + name, slot});
     units.push_back(std::move(u));
   }
   std::vector<UnitTensor> head{{"model.norm.weight", &m.norm}};

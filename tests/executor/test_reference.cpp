@@ -63,6 +63,8 @@ struct RefCase {
   std::string targets;               // LoRA targets as --lora-targets takes them (LoRA cases)
   std::string model_type = "llama";  // llama, qwen3, qwen3_moe, mixtral, qwen2_moe
   bool norm_topk_prob = false;       // qwen3_moe, qwen2_moe: the top-k weights renormalised (mixtral: always)
+  std::string config_file;           // a config of tests/data/models/ (the dense families beyond Llama) used as
+                                     // it is; then the fields above but method and targets are not read
 };
 
 const std::vector<RefCase>& ref_cases() {
@@ -87,11 +89,28 @@ const std::vector<RefCase>& ref_cases() {
        ftplan::Method::full, false, 2, false, false, "", "qwen2_moe", false},
       {"qwen2_moe lora q,k,v,o, tied, top 2 renormalised, shared expert, aux loss", ftplan::Method::lora, true, 2, false,
        false, "q_proj,k_proj,v_proj,o_proj", "qwen2_moe", true},
+      // The dense families beyond Llama, from their tiny configs: every one runs seq 32 past its sliding window.
+      {"gemma2 full: 4 Gemma norms, GeGLU, scaled embedding, query_pre_attn_scalar 24, soft-caps 5 and 10, window 8 "
+       "on layers 0 and 2, tied",
+       ftplan::Method::full, true, 2, false, false, "", "gemma2", false, "tiny-gemma2.json"},
+      {"gemma2 lora all-linear", ftplan::Method::lora, true, 2, false, false, "all-linear", "gemma2", false,
+       "tiny-gemma2.json"},
+      {"gemma3_text full: Gemma q/k norms per head, query_pre_attn_scalar 20, local RoPE 1e4 on sliding layers 0-1, "
+       "global 1e6 linear x8, MQA",
+       ftplan::Method::full, true, 1, false, false, "", "gemma3_text", false, "tiny-gemma3.json"},
+      {"phi3 full: fused qkv_proj and gate_up_proj, window 12 on every layer", ftplan::Method::full, false, 2, false,
+       false, "", "phi3", false, "tiny-phi3.json"},
+      {"phi3 lora on the fused qkv_proj, gate_up_proj and o_proj, down_proj", ftplan::Method::lora, false, 2, false,
+       false, "qkv_proj,o_proj,gate_up_proj,down_proj", "phi3", false, "tiny-phi3.json"},
+      {"olmo2 full: post-norms only, q/k norms over the whole projection", ftplan::Method::full, false, 2, false,
+       false, "", "olmo2", false, "tiny-olmo2.json"},
   };
   return cases;
 }
 
 nlohmann::json case_config(const RefCase& c) {
+  if (!c.config_file.empty())
+    return ftplan::read_json_file(std::string(FTPLAN_SOURCE_DIR) + "/tests/data/models/" + c.config_file);
   nlohmann::json j = {{"architectures", {"LlamaForCausalLM"}},
                       {"model_type", c.model_type},
                       {"vocab_size", 384},
@@ -242,7 +261,7 @@ Prepared prepare(const RefCase& c, const std::string& dir, uint64_t seed) {
 
   {  // the logits of ftexec's forward and head (its loss path fuses the head into the loss)
     at::NoGradGuard no_grad;
-    out.logits = at::matmul(llama_hidden(model, ids), model.head_weight().t());
+    out.logits = llama_logits(model, ids);
   }
   // ftexec's own training path: the Trainer's forward/backward (gradients kept for the
   // comparison), then, from zeroed gradients, one Trainer::step: clip, AdamW, zero.

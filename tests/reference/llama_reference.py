@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""An independent reference for ftexec: a small Llama (and Qwen3, Qwen3-MoE, Mixtral, Qwen2-MoE) and PEFT-style LoRA in plain PyTorch.
+"""An independent reference for ftexec: a small Llama (Qwen3, Qwen3-MoE, Mixtral, Qwen2-MoE, Gemma 2/3, Phi-3, OLMo 2) and PEFT-style LoRA in plain PyTorch.
 
 Written from the Hugging Face description of the architecture, never from ftexec's C++ model code,
 so that the test in tests/executor/test_reference.cpp compares two implementations, not one with
@@ -50,6 +50,10 @@ itself. What each piece follows (files read, commit):
                 (result = base(x) + lora_B(lora_A(dropout(x))) * scaling); saved adapter names are
                 base_model.model.<module>.lora_A.weight ([r, in]) and .lora_B.weight ([out, r]).
 
+The dense families beyond Llama (Gemma 2, Gemma 3 text, Phi-3/Phi-4, OLMo 2) have their own section,
+FamilyConfig / FamilyForCausalLM, written from modeling_gemma2.py, modeling_gemma3.py, modeling_phi3.py and
+modeling_olmo2.py; its header names the commits read.
+
 The optimizer is PyTorch's own torch.optim.AdamW and clipping torch.nn.utils.clip_grad_norm_.
 
 Label convention: ftexec's data loader cuts windows of seq_len + 1 tokens and hands over labels
@@ -67,6 +71,7 @@ Exit code 3: PyTorch is missing (the C++ test turns it into a failure naming the
 """
 
 import argparse
+import copy
 import json
 import math
 import os
@@ -572,12 +577,13 @@ def causal_lm_loss(logits, labels=None, shift_labels=None, ignore_index=-100):
 
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+FUSED_TARGETS = ("qkv_proj", "gate_up_proj")  # Phi-3's fused projections, PEFT targets as whole modules
 
 
 def lora_modules(model, targets):
     for i, layer in enumerate(model.model.layers):
         for name in targets:
-            parent = layer.self_attn if name in ("q_proj", "k_proj", "v_proj", "o_proj") else layer.mlp
+            parent = layer.self_attn if name in ("q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj") else layer.mlp
             if not hasattr(parent, name):  # a MoE layer has no dense gate/up/down_proj
                 raise ValueError(f"target {name}: layer {i} has no such linear (the reference puts LoRA on no expert)")
             prefix = "self_attn" if parent is layer.self_attn else "mlp"
@@ -589,7 +595,7 @@ def attach_lora(model, adapter_config):
     targets = adapter_config["target_modules"]
     if isinstance(targets, str):
         targets = LORA_TARGETS if targets == "all-linear" else [targets]
-    unknown = set(targets) - set(LORA_TARGETS)
+    unknown = set(targets) - set(LORA_TARGETS) - set(FUSED_TARGETS)
     if unknown:
         raise ValueError(f"target_modules {sorted(unknown)}: not a Llama block linear")
     named = {}
@@ -652,6 +658,268 @@ def trainable_parameters(model, lora_named):
 
 
 # ----------------------------------------------------------------------------------------------
+# The dense families beyond Llama: Gemma 2, Gemma 3 (text), Phi-3/Phi-4 and OLMo 2, each written from
+# its transformers modeling file (read at the commits below; never from ftexec's C++):
+#
+#   models/gemma2/modeling_gemma2.py  @ 006e86931247d7bacf94ad00ada1fb6baf11e94b
+#       Gemma2RMSNorm (x.float() * rsqrt(mean(x^2) + eps) * (1 + weight.float()), then type_as(x)),
+#       Gemma2MLP (down(act(gate(x)) * up(x)), act = hidden_activation), eager_attention_forward
+#       (scores * query_pre_attn_scalar**-0.5; / softcap, tanh, * softcap; + mask; fp32 softmax),
+#       Gemma2DecoderLayer (is_sliding = not bool(layer_idx % 2); the sliding mask
+#       tril(ones, diagonal=-sliding_window) on top of the causal one; x + post_attention_layernorm(
+#       attn(input_layernorm(x))), then x + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(x)))),
+#       Gemma2Model (hidden * torch.tensor(hidden_size**0.5, dtype=hidden.dtype)), Gemma2ForCausalLM
+#       (logits / final_logit_softcapping, tanh, * final_logit_softcapping).
+#   models/gemma3/modeling_gemma3.py  @ 0018aa647bb13801f061e2d1027c326f531b59fb
+#       Gemma3Attention: Gemma2's, plus q_norm / k_norm = Gemma3RMSNorm(head_dim) on the heads before
+#       RoPE; Gemma3RotaryEmbedding per layer type (sliding_attention: rope_local_base_freq, default
+#       RoPE; full_attention: rope_theta with rope_scaling); Gemma3TextScaledWordEmbedding
+#       (embed * embed_scale.to(weight.dtype)). configuration_gemma3.py: layer i slides when
+#       (i + 1) % sliding_window_pattern != 0.
+#   models/phi3/modeling_phi3.py  @ 00d4b3d2142cb4ced2f51b90614b5d26bc045015
+#       Phi3Attention (qkv = qkv_proj(x); q | k | v along the features), Phi3MLP (gate, up =
+#       gate_up_proj(x).chunk(2, dim=-1); down(up * act(gate))), Phi3RMSNorm (Llama's), the Llama
+#       decoder layer (resid_pdrop 0), sliding_window on every layer.
+#   models/olmo2/modeling_olmo2.py  @ 000c33fdfde12e1ffafbfcdb3c926df5727a00b6
+#       Olmo2RMSNorm ((weight * x_fp32 * rsqrt(...)).to(input_dtype)), Olmo2Attention (q_norm(q_proj(x))
+#       over heads * head_dim and k_norm over kv_heads * head_dim, before the head split),
+#       Olmo2DecoderLayer (x + post_attention_layernorm(attn(x)), x + post_feedforward_layernorm(mlp(x))).
+#   masking_utils.py sliding_window_overlay: a key is visible when kv_idx > q_idx - sliding_window
+#       (the same window as Gemma 2's tril mask).
+
+DENSE_FAMILIES = ("gemma2", "gemma3_text", "phi3", "olmo2")
+
+
+class FamilyConfig:
+    """The config.json fields of a dense family beyond Llama, with its config class's defaults where absent
+    (Gemma2Config, Gemma3TextConfig, Phi3Config, Olmo2Config)."""
+
+    def __init__(self, c):
+        t = c["model_type"]
+        if t not in DENSE_FAMILIES:
+            raise ValueError(f"model_type {t}: not one of {DENSE_FAMILIES}")
+        self.model_type = t
+        self.gemma = t in ("gemma2", "gemma3_text")
+        self.vocab_size = c["vocab_size"]
+        self.hidden_size = c["hidden_size"]
+        self.intermediate_size = c["intermediate_size"]
+        self.num_hidden_layers = c["num_hidden_layers"]
+        self.num_attention_heads = c["num_attention_heads"]
+        self.num_key_value_heads = c.get("num_key_value_heads") or self.num_attention_heads
+        self.head_dim = c.get("head_dim") or (256 if self.gemma else self.hidden_size // self.num_attention_heads)
+        self.rms_norm_eps = c.get("rms_norm_eps", 1e-6)
+        self.rope_theta = c.get("rope_theta", 1000000.0 if t == "gemma3_text" else 10000.0)
+        self.rope_scaling = c.get("rope_scaling")
+        self.attention_bias = c.get("attention_bias", False)
+        self.tie_word_embeddings = c.get("tie_word_embeddings", self.gemma)
+        act = c.get("hidden_activation") if self.gemma else None
+        self.hidden_act = act or c.get("hidden_act", "gelu_pytorch_tanh" if self.gemma else "silu")
+        if self.hidden_act not in ("silu", "gelu_pytorch_tanh"):
+            raise ValueError(f"hidden_act {self.hidden_act}: the reference covers silu and gelu_pytorch_tanh")
+        if c.get("partial_rotary_factor", 1.0) != 1.0:
+            raise ValueError("partial_rotary_factor: the reference rotates the whole head_dim")
+        self.query_pre_attn_scalar = c.get("query_pre_attn_scalar", 256) if self.gemma else None
+        soft = {"gemma2": (50.0, 30.0)}.get(t, (None, None))
+        self.attn_logit_softcapping = c.get("attn_logit_softcapping", soft[0])
+        self.final_logit_softcapping = c.get("final_logit_softcapping", soft[1])
+        self.sliding_window = c.get("sliding_window", 4096 if self.gemma else None)
+        n = self.num_hidden_layers
+        if t == "gemma2":
+            self.sliding = [not bool(i % 2) for i in range(n)]
+        elif t == "gemma3_text":
+            pattern = c.get("sliding_window_pattern", 6)
+            self.sliding = c.get("layer_types") and [x == "sliding_attention" for x in c["layer_types"]] or \
+                [bool((i + 1) % pattern) for i in range(n)]
+        elif t == "phi3":
+            self.sliding = [self.sliding_window is not None] * n
+        else:
+            self.sliding = [False] * n
+        self.rope_local_base_freq = c.get("rope_local_base_freq", 10000.0) if t == "gemma3_text" else None
+
+
+class GemmaRMSNorm(RMSNorm):
+    """Gemma2RMSNorm / Gemma3RMSNorm: the scale is 1 + weight, applied in fp32 before the cast back."""
+
+    def forward(self, x):
+        acc = acc_dtype(x.dtype)
+        h = x.to(acc)
+        out = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (out * (1.0 + self.weight.to(acc))).type_as(x)
+
+
+class Olmo2RMSNorm(RMSNorm):
+    """Olmo2RMSNorm: weight times the fp32 normalised input, then the cast back."""
+
+    def forward(self, x):
+        h = x.to(acc_dtype(x.dtype))
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (self.weight * h).to(x.dtype)
+
+
+def family_norm(cfg, size):
+    if cfg.gemma:
+        return GemmaRMSNorm(size, cfg.rms_norm_eps)
+    if cfg.model_type == "olmo2":
+        return Olmo2RMSNorm(size, cfg.rms_norm_eps)
+    return RMSNorm(size, cfg.rms_norm_eps)  # Phi3RMSNorm is Llama's
+
+
+def family_act(cfg, x):
+    return F.gelu(x, approximate="tanh") if cfg.hidden_act == "gelu_pytorch_tanh" else F.silu(x)
+
+
+class FamilyAttention(nn.Module):
+    def __init__(self, cfg, layer_idx):
+        super().__init__()
+        h, d = cfg.hidden_size, cfg.head_dim
+        self.cfg = cfg
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, d
+        if cfg.model_type == "phi3":  # Phi3Attention: one projection, bias=False
+            self.qkv_proj = LoraLinear(h, (self.num_heads + 2 * self.num_kv_heads) * d, False)
+        else:
+            self.q_proj = LoraLinear(h, self.num_heads * d, cfg.attention_bias)
+            self.k_proj = LoraLinear(h, self.num_kv_heads * d, cfg.attention_bias)
+            self.v_proj = LoraLinear(h, self.num_kv_heads * d, cfg.attention_bias)
+        self.o_proj = LoraLinear(self.num_heads * d, h, cfg.attention_bias and cfg.model_type != "phi3")
+        if cfg.model_type == "gemma3_text":
+            self.q_norm, self.k_norm = GemmaRMSNorm(d, cfg.rms_norm_eps), GemmaRMSNorm(d, cfg.rms_norm_eps)
+        elif cfg.model_type == "olmo2":
+            self.q_norm = Olmo2RMSNorm(self.num_heads * d, cfg.rms_norm_eps)
+            self.k_norm = Olmo2RMSNorm(self.num_kv_heads * d, cfg.rms_norm_eps)
+        self.scaling = (cfg.query_pre_attn_scalar if cfg.gemma else d) ** -0.5
+        self.softcap = cfg.attn_logit_softcapping
+
+    def forward(self, x, cos, sin, mask):
+        b, s, _ = x.shape
+        d = self.head_dim
+        if hasattr(self, "qkv_proj"):
+            qkv = self.qkv_proj(x)
+            qp, kvp = self.num_heads * d, self.num_kv_heads * d
+            q, k, v = qkv[..., :qp], qkv[..., qp:qp + kvp], qkv[..., qp + kvp:]
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        if self.cfg.model_type == "olmo2":  # over the whole projection, before the head split
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = q.view(b, s, -1, d).transpose(1, 2)
+        k = k.view(b, s, -1, d).transpose(1, 2)
+        v = v.reshape(b, s, -1, d).transpose(1, 2)
+        if self.cfg.model_type == "gemma3_text":  # per head, after the transpose, before RoPE
+            q, k = self.q_norm(q), self.k_norm(k)
+        cos, sin = cos[None, None], sin[None, None]
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        n_rep = self.num_heads // self.num_kv_heads
+        k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)
+        scores = torch.matmul(q, k.transpose(2, 3)) * self.scaling
+        if self.softcap is not None:
+            scores = scores / self.softcap
+            scores = torch.tanh(scores)
+            scores = scores * self.softcap
+        scores = scores + mask
+        probs = F.softmax(scores, dim=-1, dtype=acc_dtype(q.dtype)).to(q.dtype)
+        out = torch.matmul(probs, v).transpose(1, 2).contiguous().reshape(b, s, -1)
+        return self.o_proj(out)
+
+
+class FamilyMLP(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        h, i = cfg.hidden_size, cfg.intermediate_size
+        self.cfg = cfg
+        if cfg.model_type == "phi3":
+            self.gate_up_proj = LoraLinear(h, 2 * i, False)
+        else:
+            self.gate_proj = LoraLinear(h, i, False)
+            self.up_proj = LoraLinear(h, i, False)
+        self.down_proj = LoraLinear(i, h, False)
+
+    def forward(self, x):
+        if hasattr(self, "gate_up_proj"):
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+            return self.down_proj(up * family_act(self.cfg, gate))
+        return self.down_proj(family_act(self.cfg, self.gate_proj(x)) * self.up_proj(x))
+
+
+class FamilyDecoderLayer(nn.Module):
+    def __init__(self, cfg, layer_idx):
+        super().__init__()
+        self.cfg = cfg
+        self.is_sliding = cfg.sliding[layer_idx] and cfg.sliding_window is not None
+        self.self_attn = FamilyAttention(cfg, layer_idx)
+        self.mlp = FamilyMLP(cfg)
+        h = cfg.hidden_size
+        if cfg.model_type != "olmo2":
+            self.input_layernorm = family_norm(cfg, h)
+        self.post_attention_layernorm = family_norm(cfg, h)
+        if cfg.gemma:
+            self.pre_feedforward_layernorm = family_norm(cfg, h)
+        if cfg.gemma or cfg.model_type == "olmo2":
+            self.post_feedforward_layernorm = family_norm(cfg, h)
+
+    def forward(self, x, ropes, masks):
+        cos, sin = ropes["sliding" if self.is_sliding else "full"]
+        mask = masks["sliding" if self.is_sliding else "full"]
+        t = self.cfg.model_type
+        if t == "phi3":  # Llama's layer
+            x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask)
+            return x + self.mlp(self.post_attention_layernorm(x))
+        if t == "olmo2":
+            x = x + self.post_attention_layernorm(self.self_attn(x, cos, sin, mask))
+            return x + self.post_feedforward_layernorm(self.mlp(x))
+        x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), cos, sin, mask))
+        return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+
+
+class FamilyBackbone(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(FamilyDecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.norm = family_norm(cfg, cfg.hidden_size)
+
+
+class FamilyForCausalLM(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.cfg = cfg
+        self.model = FamilyBackbone(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, input_ids):
+        cfg = self.cfg
+        s = input_ids.shape[1]
+        x = self.model.embed_tokens(input_ids)
+        if cfg.gemma:
+            x = x * torch.tensor(cfg.hidden_size ** 0.5, dtype=x.dtype)
+        full = rotary_cos_sin(rope_inv_freq(cfg, acc_dtype(x.dtype)), s, x.dtype)
+        ropes = {"full": full, "sliding": full}
+        if cfg.rope_local_base_freq is not None:
+            local = copy.copy(cfg)
+            local.rope_theta, local.rope_scaling = cfg.rope_local_base_freq, None
+            ropes["sliding"] = rotary_cos_sin(rope_inv_freq(local, acc_dtype(x.dtype)), s, x.dtype)
+        q_idx = torch.arange(s)[:, None]
+        kv_idx = torch.arange(s)[None, :]
+        minimum = torch.finfo(x.dtype).min
+        causal = kv_idx <= q_idx
+        window = cfg.sliding_window if cfg.sliding_window is not None else s + 1
+        visible = {"full": causal, "sliding": causal & (kv_idx > q_idx - window)}
+        masks = {k: torch.zeros((s, s), dtype=x.dtype).masked_fill(~v, minimum) for k, v in visible.items()}
+        for layer in self.model.layers:
+            x = layer(x, ropes, masks)
+        logits = self.lm_head(self.model.norm(x))
+        if cfg.final_logit_softcapping is not None:
+            logits = logits / cfg.final_logit_softcapping
+            logits = torch.tanh(logits)
+            logits = logits * cfg.final_logit_softcapping
+        return logits
+
+    def aux_loss(self):
+        return 0.0
+
+
+# ----------------------------------------------------------------------------------------------
 # compare: one case of the C++ test.
 
 def hf_decay_parameter_names(model, names):
@@ -694,8 +962,11 @@ def forward_backward(model, trainable, input_ids, labels, labels_shifted):
 
 def build(case, path, dtype):
     with open(path("config")) as f:
-        cfg = Config(json.load(f))
-    model = LlamaForCausalLM(cfg)
+        config = json.load(f)
+    if config.get("model_type") in DENSE_FAMILIES:
+        model = FamilyForCausalLM(FamilyConfig(config))
+    else:
+        model = LlamaForCausalLM(Config(config))
     load_weights(model, safetensors_load(path("weights"))[0])
     lora_named = {}
     if case.get("adapter_dir"):
