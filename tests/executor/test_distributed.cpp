@@ -347,7 +347,7 @@ TEST_CASE("tensor, pipeline and data parallelism composed reproduce the single p
   // 2.0e-5 (full), 9.7e-5 (LoRA, lora_B from zeros), 2.7e-5 (cp=2,dp_replicate=2; max 6.6e-4); with
   // kOptimizer (eps 1e-6, decay 10): 4.1e-6 (full), 1.5e-5 (LoRA), 3.4e-6 (cp); the losses agree to 3e-7.
   const bool split = layout.tp > 1 || layout.cp > 1;
-  CHECK(diff.norm <= (split ? 2e-4 : 1e-6));
+  CHECK(diff.norm <= (split ? 5e-5 : 1e-6));  // split: 3x the worst measured with kOptimizer (1.5e-5, LoRA)
   CHECK(diff.max <= (split ? 2e-3 : 5e-5));
   if (!adapter) {
     ftexec::LlamaModel fresh = ftexec::llama_create(ftexec_test::tiny_spec(), ftexec::ModelOptions{}, 7);
