@@ -25,7 +25,7 @@ from decimal import Decimal, ROUND_HALF_EVEN
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-TOP_KEYS = {"format", "description", "thresholds", "sources", "cases"}
+TOP_KEYS = {"format", "description", "thresholds", "guards", "sources", "cases"}
 THRESHOLD_KEYS = {"memory_mape_pct", "throughput_mape_pct", "min_cases_per_source", "oom_boundary_calls_right"}
 SOURCE_KEYS = ["title", "organisation", "url", "metric", "metric_evidence", "unit", "caveats"]
 METRICS = {"allocated", "reserved", "active", "device", "unknown"}
@@ -39,7 +39,8 @@ STRATEGIES = {"single", "ddp", "zero1", "zero2", "zero3", "fsdp", "fsdp_shard_gr
               "zero2_offload", "zero3_offload", "mp", "pipeline", "pipeline_1f1b"}
 FSDP_STRATEGIES = {"fsdp", "fsdp_shard_grad_op", "fsdp_hybrid"}
 DEEPSPEED_STRATEGIES = {"zero1", "zero2", "zero3", "zero2_offload"}
-FRAMEWORKS = {"hf", "deepspeed", "fsdp", "lightning", "torchtune", "torchtitan", "ftexec", "answerai-fsdp"}
+# The framework profiles ftplan ships: one file per framework (configs/frameworks/NAME.json).
+FRAMEWORKS = {f[:-len(".json")] for f in os.listdir(os.path.join(ROOT, "configs", "frameworks")) if f.endswith(".json")}
 MAX_TOKENS = 2 ** 24
 
 
