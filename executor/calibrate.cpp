@@ -5,7 +5,6 @@
 #include <cmath>
 #include <functional>
 #include <limits>
-#include <thread>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -217,17 +216,9 @@ nlohmann::json calibrate_device(const ExecJob& job, const std::string& hw_id, Co
 
 nlohmann::json calibrate_rank(const ExecJob& job, const std::string& hw_id, const DistEnv& env, double timeout_s,
                               const std::string& backend) {
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  at::set_num_threads(job.threads > 0 ? int(job.threads) : std::max(1, cores / std::max(1, env.local_world)));
-  CommOptions co;
-  co.rank = env.rank;
-  co.world = env.world;
-  co.master_addr = env.master_addr;
-  co.master_port = env.master_port;
-  co.host_store = env.host_store;
-  co.timeout_s = timeout_s;
-  co.backend = backend == "auto" ? (job.device.rfind("cuda", 0) == 0 ? "nccl" : "gloo") : backend;
-  std::unique_ptr<Comm> comm = Comm::connect(co);
+  set_rank_threads(job.threads, env);
+  const bool cuda = job.device.rfind("cuda", 0) == 0;
+  std::unique_ptr<Comm> comm = Comm::connect(comm_options(env, timeout_s, resolve_backend(backend, cuda)));
   return calibrate_device(job, hw_id, *comm);
 }
 

@@ -4,6 +4,7 @@
 
 #include "executor/comm.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -13,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include <ATen/Parallel.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include "executor/run_job.h"
@@ -578,6 +580,27 @@ std::unique_ptr<Comm> GlooComm::split(const RankGroup& ranks, const std::string&
 std::unique_ptr<Comm> Comm::connect(const CommOptions& options) {
   if (options.world == 1) return std::make_unique<LocalComm>(options);
   return std::make_unique<GlooComm>(options);
+}
+
+std::string resolve_backend(const std::string& backend, bool cuda) {
+  return backend == "auto" ? (cuda ? "nccl" : "gloo") : backend;
+}
+
+CommOptions comm_options(const DistEnv& env, double timeout_s, const std::string& backend) {
+  CommOptions co;
+  co.rank = env.rank;
+  co.world = env.world;
+  co.master_addr = env.master_addr;
+  co.master_port = env.master_port;
+  co.host_store = env.host_store;
+  co.timeout_s = timeout_s;
+  co.backend = backend;
+  return co;
+}
+
+void set_rank_threads(int64_t threads, const DistEnv& env) {
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  at::set_num_threads(threads > 0 ? static_cast<int>(threads) : std::max(1, cores / std::max(1, env.local_world)));
 }
 
 }  // namespace ftexec

@@ -40,6 +40,8 @@
 
 #include <ATen/ATen.h>
 
+#include "executor/launch.h"
+
 namespace ftexec {
 
 enum class CommOp { all_reduce, reduce_scatter, all_gather, broadcast, send, control };
@@ -67,6 +69,13 @@ struct CommOptions {
   double timeout_s = 60.0;     // every collective and the rendezvous
   std::string backend = "gloo";  // gloo | nccl
 };
+
+// --backend as given, or for "auto": nccl on CUDA, gloo on the CPU.
+std::string resolve_backend(const std::string& backend, bool cuda);
+// This rank's connection: the rendezvous the launcher (or torchrun, Slurm, MPI) gave in `env`.
+CommOptions comm_options(const DistEnv& env, double timeout_s, const std::string& backend);
+// This rank's intra-op threads: `threads` when set (> 0), else the cores shared among the node's ranks.
+void set_rank_threads(int64_t threads, const DistEnv& env);
 
 // Global ranks that run one collective among themselves, in ring order; must contain this rank.
 // Empty: every rank, 0..world-1.

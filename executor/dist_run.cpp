@@ -11,7 +11,6 @@
 #include <fstream>
 #include <iostream>
 #include <sstream>
-#include <thread>
 
 #include <ATen/Parallel.h>
 
@@ -397,7 +396,7 @@ nlohmann::json run_rank(const ExecJob& job, const DistEnv& env, const DistOption
   // process uses the device it was given.
   const std::string device =
       cuda && env.world > 1 ? "cuda:" + std::to_string(env.local_rank % std::max(1, compat::cuda_device_count())) : job.device;
-  const std::string backend = o.backend == "auto" ? (cuda ? "nccl" : "gloo") : o.backend;
+  const std::string backend = resolve_backend(o.backend, cuda);
   if (cuda && !at::hasCUDA())
     ftplan::fail_input("--device " + job.device + ": this ftexec was built against a libtorch without CUDA (" +
                        compat::torch_version() + ") or no GPU is visible");
@@ -406,8 +405,7 @@ nlohmann::json run_rank(const ExecJob& job, const DistEnv& env, const DistOption
                        "tensors only; use --backend nccl");
   cpu_meter_install();
   cpu_meter_set_limit(job.cpu_memory_limit_bytes);
-  const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
-  at::set_num_threads(job.threads > 0 ? int(job.threads) : std::max(1, cores / std::max(1, env.local_world)));
+  set_rank_threads(job.threads, env);
 
   ModelOptions mo;
   mo.dtype = s.precision == ftplan::Precision::fp32 ? at::kFloat : at::kBFloat16;
@@ -445,15 +443,7 @@ nlohmann::json run_rank(const ExecJob& job, const DistEnv& env, const DistOption
                          " has " + std::to_string(have / double(1 << 30)) + " GiB");
   }
 
-  CommOptions co;
-  co.rank = env.rank;
-  co.world = env.world;
-  co.master_addr = env.master_addr;
-  co.master_port = env.master_port;
-  co.host_store = env.host_store;
-  co.timeout_s = o.timeout_s;
-  co.backend = backend;
-  std::unique_ptr<Comm> comm = Comm::connect(co);
+  std::unique_ptr<Comm> comm = Comm::connect(comm_options(env, o.timeout_s, backend));
   const int rank = comm->rank();
 
   const int64_t micro_batch = s.micro_batch_or(1);

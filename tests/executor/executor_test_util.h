@@ -8,12 +8,33 @@
 
 #include "planner/json_fields.h"
 #include "planner/model_spec.h"
+#include "planner/training_setup.h"
 
 namespace ftexec_test {
 
 inline ftplan::ModelSpec tiny_spec() {
   return ftplan::model_spec_from_json(ftplan::read_json_file(std::string(FTPLAN_SOURCE_DIR) + "/configs/models/tiny-test.json"),
                                       "tiny-test");
+}
+
+// The job whose measured CPU peak is checked against the planner's: activations dominate (fp32, eager
+// attention, full fine-tuning, no checkpointing, one CPU "device" (hwdb/cpu.json), strategy single,
+// seq 128 x micro-batch 8, 3 steps), predicted as ftexec runs it (framework ftexec).
+inline ftplan::TrainingSetup activation_memory_setup(const std::string& model) {
+  ftplan::TrainingSetup setup;
+  setup.framework = "ftexec";
+  setup.model = model;
+  setup.gpu = "cpu";
+  setup.method = ftplan::Method::full;
+  setup.precision = ftplan::Precision::fp32;
+  setup.seq_len = 128;
+  setup.micro_batch = 8;
+  setup.attention = ftplan::Attention::eager;
+  setup.checkpointing = ftplan::Checkpointing::none;
+  setup.strategy = ftplan::Strategy::single;
+  setup.steps = 3;
+  setup.device = "cpu";
+  return setup;
 }
 
 // A fresh empty folder under the system temp dir, removed when the object dies.

@@ -347,19 +347,7 @@ TEST_CASE("Qwen3, Qwen3-MoE, Qwen2-MoE, Gemma 2 and Phi-3: measured CPU peak wit
   // too; left out to keep the suite short.)
   const std::string model = GENERATE(kQwen3, kQwen3Moe, kQwen2Moe, kGemma2, kPhi3);
   CAPTURE(model);
-  ftplan::TrainingSetup setup;
-  setup.framework = "ftexec";
-  setup.model = std::string(FTPLAN_SOURCE_DIR) + "/" + model;
-  setup.gpu = "cpu";
-  setup.method = ftplan::Method::full;
-  setup.precision = ftplan::Precision::fp32;
-  setup.seq_len = 128;
-  setup.micro_batch = 8;
-  setup.attention = ftplan::Attention::eager;
-  setup.checkpointing = ftplan::Checkpointing::none;
-  setup.strategy = ftplan::Strategy::single;
-  setup.steps = 3;
-  setup.device = "cpu";
+  ftplan::TrainingSetup setup = ftexec_test::activation_memory_setup(std::string(FTPLAN_SOURCE_DIR) + "/" + model);
   setup.moe.aux_loss = false;
   const auto spec = spec_of(model);
   if (!spec.moe.active()) setup.moe.aux_loss.reset();

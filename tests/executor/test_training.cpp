@@ -137,19 +137,7 @@ TEST_CASE("checkpointed gradients equal the plain ones", "[executor]") {
 TEST_CASE("measured CPU peak memory is within 10% of the planner's estimate", "[executor][memory]") {
   // The tiny job with activations dominating: fp32, eager attention, full fine-tuning, one CPU
   // "device" (hwdb/cpu.json, framework overhead 0), strategy single, seq 128, micro-batch 8.
-  ftplan::TrainingSetup setup;
-  setup.framework = "ftexec";  // the prediction of what ftexec does
-  setup.model = "tiny-test";
-  setup.gpu = "cpu";
-  setup.method = ftplan::Method::full;
-  setup.precision = ftplan::Precision::fp32;
-  setup.seq_len = 128;
-  setup.micro_batch = 8;
-  setup.attention = ftplan::Attention::eager;
-  setup.checkpointing = ftplan::Checkpointing::none;
-  setup.strategy = ftplan::Strategy::single;
-  setup.steps = 3;
-  setup.device = "cpu";
+  ftplan::TrainingSetup setup = ftexec_test::activation_memory_setup("tiny-test");
   ExecJob job = make_exec_job(setup, "cpu");
   job.threads = 2;
   const nlohmann::json measured = run_job(job);
