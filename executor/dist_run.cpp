@@ -318,6 +318,7 @@ struct SavePlan {
   bool adapter = false;
   std::string prefix;  // a multimodal wrapper's prefix of its decoder's names (checkpoint_name), else ""
   std::vector<SafetensorsWriter::Tensor> layout;
+  std::vector<std::pair<std::string, at::Tensor>> buffers;  // written by rank 0 from its own copy
   std::string saved_name(const std::string& model_name) const {
     return adapter ? "base_model.model." + prefix + model_name : prefix + model_name;
   }
@@ -331,6 +332,13 @@ SavePlan save_plan(const LlamaModel& model, ftplan::Method method) {
   // names are PEFT's, prefixed already.)
   for (const auto& [name, t] : checkpoint_tensors(plan.adapter ? lora_named_parameters(model) : llama_named_parameters(model)))
     plan.layout.push_back({plan.adapter ? name : plan.prefix + name, safetensors_dtype_of(t.scalar_type()), t.sizes().vec()});
+  // The buffers (DeepSeek-V3's e_score_correction_bias): never trained or sharded, whole on every rank; rank 0
+  // writes its own.
+  if (!plan.adapter)
+    for (const auto& [name, t] : llama_named_buffers(model)) {
+      plan.layout.push_back({plan.prefix + name, safetensors_dtype_of(t.scalar_type()), t.sizes().vec()});
+      plan.buffers.emplace_back(name, t);
+    }
   return plan;
 }
 
@@ -364,6 +372,11 @@ nlohmann::json save_trained(const ExecJob& job, const SavePlan& plan, DistStrate
       }
     });
     if (r != 0) return nullptr;
+    for (const auto& [name, t] : plan.buffers) {
+      const at::Tensor cpu = t.detach().to(at::kCPU).contiguous();
+      writer->write(plan.saved_name(name), safetensors_dtype_of(cpu.scalar_type()), cpu.data_ptr(), cpu.nbytes());
+      ++tensors;
+    }
     writer->finish();
     const std::string config = plan.adapter ? "adapter_config.json" : "config.json";
     write_file_durably(folder->file(config), plan.adapter ? peft_adapter_config(job.setup.lora, job.setup.model)

@@ -28,9 +28,11 @@ namespace {
 
 constexpr double kInitStd = 0.02;  // HF LlamaConfig.initializer_range
 
-// Every Linear a block can hold (an unused one has no weight): Llama's seven and Phi-3's fused two.
-const char* const kLinearNames[] = {"q_proj",    "k_proj",  "v_proj",    "o_proj",  "qkv_proj",
-                                    "gate_proj", "up_proj", "down_proj", "gate_up_proj"};
+// Every Linear a block can hold (an unused one has no weight): Llama's seven, Phi-3's fused two and
+// DeepSeek's latent-attention four.
+const char* const kLinearNames[] = {"q_proj",    "k_proj",   "v_proj",             "o_proj",   "qkv_proj",
+                                    "gate_proj", "up_proj",  "down_proj",          "gate_up_proj",
+                                    "q_a_proj",  "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj"};
 
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
@@ -218,6 +220,68 @@ at::Tensor attention(LlamaModel& m, const LlamaBlock& blk, const at::Tensor& x, 
   return linear(blk.o_proj, out, m.training);
 }
 
+// ---- DeepSeek's multi-head latent attention ---------------------------------------------------
+// DeepseekV2Attention (transformers models/deepseek_v2/modeling_deepseek_v2.py @
+// 03eac6f6d2af7e8562113f0b78d3d2d59a7d843d) and DeepseekV3Attention (models/deepseek_v3/modeling_deepseek_v3.py @
+// f5a9ec512fa9fe69e51ea0c6388c68d50de567b3):
+//   q = q_proj(x), or q_b_proj(q_a_layernorm(q_a_proj(x)));  [B, S, H, nope + rope] -> q_nope | q_pe
+//   k_lat | k_pe = kv_a_proj_with_mqa(x);  k_nope | v = kv_b_proj(kv_a_layernorm(k_lat)) per head
+//   RoPE on q_pe and on the one shared k_pe only; q = cat(q_nope, q_pe), k = cat(k_nope, k_pe broadcast to every head)
+//   eager attention with scale (nope + rope)^-0.5, fp32 softmax; o_proj(heads x v_head_dim).
+// The latent norms are DeepseekV2RMSNorm(rank) with their default eps 1e-6 (not the config's rms_norm_eps).
+// RoPE: V2 rotates interleaved pairs (x0, x1), (x2, x3), ... as complex numbers (apply_rotary_emb,
+// view_as_complex); V3 with rope_interleave de-interleaves (x0, x2, ..., x1, x3, ...) and applies rotate-half
+// (apply_rotary_pos_emb_interleave), without it rotate-half directly. Both interleaved forms rotate the same pairs
+// by the same angles and differ only in where each output lands, the same for q_pe and k_pe, so the scores are
+// equal: ftexec de-interleaves (the V3 form) for both.
+constexpr double kMlaLatentNormEps = 1e-6;
+
+// [..., d] interleaved pairs -> the evens then the odds (V3's view(d / 2, 2).transpose(4, 3).reshape(d)).
+at::Tensor deinterleave(const at::Tensor& x) {
+  std::vector<int64_t> pairs(x.sizes().begin(), x.sizes().end());
+  const int64_t d = pairs.back();
+  pairs.back() = d / 2;
+  pairs.push_back(2);
+  return x.reshape(pairs).transpose(-1, -2).reshape(x.sizes());
+}
+
+at::Tensor mla_attention(LlamaModel& m, const LlamaBlock& blk, const at::Tensor& x, int64_t layer) {
+  const auto& s = m.spec;
+  const int64_t B = x.size(0), S = x.size(1), H = s.num_heads;
+  const int64_t nope = s.mla.qk_nope_head_dim, rope = s.mla.qk_rope_head_dim, vd = s.value_head_dim();
+  const int64_t r = s.mla.kv_lora_rank;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(nope + rope));
+  at::Tensor q = s.mla.q_lora_rank > 0
+                     ? linear(blk.q_b_proj, rms_norm(linear(blk.q_a_proj, x, m.training), blk.q_a_layernorm, kMlaLatentNormEps),
+                              m.training)
+                     : linear(blk.q_proj, x, m.training);
+  q = q.view({B, S, H, nope + rope}).transpose(1, 2);  // [B, H, S, nope + rope]
+  const at::Tensor ckv = linear(blk.kv_a_proj_with_mqa, x, m.training);  // [B, S, r + rope]
+  const at::Tensor kv = linear(blk.kv_b_proj, rms_norm(ckv.narrow(-1, 0, r), blk.kv_a_layernorm, kMlaLatentNormEps), m.training)
+                            .view({B, S, H, nope + vd})
+                            .transpose(1, 2);  // [B, H, S, nope + v]
+  at::Tensor q_pe = q.narrow(-1, nope, rope);
+  at::Tensor k_pe = ckv.narrow(-1, r, rope).view({B, 1, S, rope});
+  if (s.mla.rope_interleave) q_pe = deinterleave(q_pe), k_pe = deinterleave(k_pe);
+  const at::Tensor& cos = layer_rope_cos(m, layer);  // [S, rope]
+  const at::Tensor& sin = layer_rope_sin(m, layer);
+  q_pe = apply_rope(q_pe, cos, sin);
+  k_pe = apply_rope(k_pe, cos, sin);
+  q = at::cat({q.narrow(-1, 0, nope), q_pe}, -1);
+  const at::Tensor k = at::cat({kv.narrow(-1, 0, nope), k_pe.expand({B, H, S, rope})}, -1);
+  const at::Tensor v = kv.narrow(-1, nope, vd);
+  at::Tensor probs;
+  {
+    at::Tensor scores = at::matmul(q, k.transpose(2, 3));
+    scores.mul_(scale);
+    scores.masked_fill_(layer_attention_mask(m, layer), -std::numeric_limits<double>::infinity());
+    probs = at::softmax(scores, -1, at::kFloat);
+  }
+  at::Tensor out = at::matmul(probs.to(x.scalar_type()), v);
+  out = out.transpose(1, 2).reshape({B, S, H * vd});
+  return linear(blk.o_proj, out, m.training);
+}
+
 // The dense gated MLP (LlamaMLP, Gemma's GeGLU, Phi3MLP's fused gate_up_proj); in a MoE layer the shared expert.
 at::Tensor gated_mlp(LlamaModel& m, const LlamaBlock& blk, const at::Tensor& x) {
   at::Tensor gate, up;
@@ -252,6 +316,8 @@ std::vector<at::Tensor> block_trainable_tensors(const LlamaBlock& blk) {
   add(blk.mlp_out_norm);
   add(blk.q_norm);
   add(blk.k_norm);
+  add(blk.q_a_layernorm);
+  add(blk.kv_a_layernorm);
   if (blk.moe)
     add(blk.moe->gate), add(blk.moe->gate_proj), add(blk.moe->up_proj), add(blk.moe->down_proj), add(blk.moe->shared_expert_gate);
   for (const char* name : kLinearNames) {
@@ -373,8 +439,13 @@ const Linear& block_linear(const LlamaBlock& b, const std::string& module) {
   if (module == "down_proj") return b.down_proj;
   if (module == "qkv_proj") return b.qkv_proj;
   if (module == "gate_up_proj") return b.gate_up_proj;
+  if (module == "q_a_proj") return b.q_a_proj;
+  if (module == "q_b_proj") return b.q_b_proj;
+  if (module == "kv_a_proj_with_mqa") return b.kv_a_proj_with_mqa;
+  if (module == "kv_b_proj") return b.kv_b_proj;
   ftplan::fail_input("unknown linear module \"" + module +
-                     "\" (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj; Phi-3: qkv_proj, gate_up_proj)");
+                     "\" (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj; Phi-3: qkv_proj, gate_up_proj; "
+                     "DeepSeek: q_a_proj, q_b_proj, kv_a_proj_with_mqa, kv_b_proj)");
 }
 
 std::string block_linear_prefix(const std::string& module) {
@@ -447,6 +518,8 @@ std::vector<std::pair<std::string, at::Tensor*>> block_extra_tensors(LlamaBlock&
   std::vector<std::pair<std::string, at::Tensor*>> out;
   if (b.q_norm.defined()) out.emplace_back("self_attn.q_norm.weight", &b.q_norm);
   if (b.k_norm.defined()) out.emplace_back("self_attn.k_norm.weight", &b.k_norm);
+  if (b.q_a_layernorm.defined()) out.emplace_back("self_attn.q_a_layernorm.weight", &b.q_a_layernorm);
+  if (b.kv_a_layernorm.defined()) out.emplace_back("self_attn.kv_a_layernorm.weight", &b.kv_a_layernorm);
   if (b.moe)
     for (const auto& t : moe_named_tensors(*b.moe, spec)) out.push_back(t);
   return out;
@@ -461,6 +534,8 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> block_extra_shapes(con
     out.push_back({"self_attn.q_norm.weight", {spec.q_dim()}});
     out.push_back({"self_attn.k_norm.weight", {spec.kv_dim()}});
   }
+  if (spec.mla.q_lora_rank > 0) out.push_back({"self_attn.q_a_layernorm.weight", {spec.mla.q_lora_rank}});
+  if (spec.mla.active()) out.push_back({"self_attn.kv_a_layernorm.weight", {spec.mla.kv_lora_rank}});
   if (moe_layer(spec, layer))
     for (const auto& t : moe_tensor_shapes(spec)) out.push_back(t);
   return out;
@@ -478,7 +553,8 @@ std::vector<std::pair<std::string, at::Tensor>> checkpoint_tensors(const std::ve
 }
 
 std::vector<double> rope_inv_freq(const ftplan::ModelSpec& s, int64_t seq_len) {
-  const int64_t d = s.head_dim;
+  // MLA rotates the qk_rope_head_dim part only (DeepseekV2Config / DeepseekV3Config set head_dim to it for RoPE).
+  const int64_t d = s.mla.active() ? s.mla.qk_rope_head_dim : s.head_dim;
   const auto& rs = s.rope_scaling;
   double base = s.rope_theta;
   if (rs.type == "dynamic" && s.max_position_embeddings > 0 && seq_len > s.max_position_embeddings) {
@@ -509,6 +585,50 @@ std::vector<double> rope_inv_freq(const ftplan::ModelSpec& s, int64_t seq_len) {
   return inv;
 }
 
+namespace {
+
+// What ftexec runs of DeepSeek-V2/V3 (transformers' DeepseekV2Attention / DeepseekV2MoEGate and DeepseekV3Attention /
+// DeepseekV3TopkRouter at the commits cited above mla_attention and in moe.h); anything else is refused by name.
+void deepseek_check(const ftplan::ModelSpec& s, const ModelOptions& options) {
+  const std::string where = s.name + ": model_type " + s.model_type + ": ";
+  if (s.rope_scaling.type == "yarn")
+    ftplan::fail_input(where + "rope_scaling yarn: not supported by ftexec (YaRN's frequency ramp and the softmax scale's "
+                       "mscale^2 are not implemented); use a config without rope_scaling, or linear / dynamic");
+  if (options.use_sdpa)
+    ftplan::fail_input(where + "attention fused: ftexec runs multi-head latent attention eager only (use --attention eager)");
+  if (s.num_kv_heads != s.num_heads)
+    ftplan::fail_input(where + "num_key_value_heads " + std::to_string(s.num_kv_heads) +
+                       ": latent attention decompresses a key and value per query head");
+  if (!s.moe.active()) return;
+  const auto& e = s.moe;
+  // DeepseekV2DecoderLayer / DeepseekV3DecoderLayer: the MoE on every layer >= first_k_dense_replace (moe_layer_freq
+  // is not read there).
+  bool seen_moe = false;
+  for (int64_t l = 0; l < s.num_layers; ++l) {
+    if (seen_moe && !moe_layer(s, l))
+      ftplan::fail_input(where + "moe_layer_freq: a dense layer (" + std::to_string(l) + ") after a MoE layer; transformers "
+                         "puts the MoE on every layer from first_k_dense_replace on (moe_layer_freq 1)");
+    seen_moe |= moe_layer(s, l);
+  }
+  if (options.moe_aux_loss.value_or(false))
+    ftplan::fail_input(where + "moe.aux_loss: transformers' DeepSeek MoE computes no load-balancing loss (aux_loss_alpha "
+                       "is not read in training); leave it off");
+  if (e.router_score_bias) {  // DeepseekV3TopkRouter: sigmoid scores, noaux_tc always
+    if (e.scoring_func != "sigmoid" || e.topk_method != "noaux_tc")
+      ftplan::fail_input(where + "scoring_func " + e.scoring_func + ", topk_method " + e.topk_method +
+                         ": DeepseekV3TopkRouter routes by sigmoid scores with noaux_tc only");
+  } else {  // DeepseekV2MoEGate: softmax scores, greedy or group_limited_greedy, no renormalisation
+    if (e.scoring_func != "softmax" || e.topk_method == "noaux_tc")
+      ftplan::fail_input(where + "scoring_func " + e.scoring_func + ", topk_method " + e.topk_method +
+                         ": DeepseekV2MoEGate routes by softmax scores with greedy or group_limited_greedy only");
+    if (e.norm_topk_prob)
+      ftplan::fail_input(where + "norm_topk_prob: true is not applied by transformers' DeepseekV2MoEGate (the hub's "
+                         "modeling_deepseek.py applies it): ambiguous, refused (published V2 configs set false)");
+  }
+}
+
+}  // namespace
+
 LlamaModel llama_create(const ftplan::ModelSpec& spec, const ModelOptions& options, uint64_t seed, bool random_init) {
   if (options.use_sdpa && !compat::kHasSdpa)
     ftplan::fail_input("attention fused: this libtorch (" + std::string(compat::torch_version()) +
@@ -516,10 +636,12 @@ LlamaModel llama_create(const ftplan::ModelSpec& spec, const ModelOptions& optio
   if (spec.num_heads % spec.num_kv_heads != 0)
     ftplan::fail_input(spec.name + ": num_attention_heads (" + std::to_string(spec.num_heads) +
                        ") is not a multiple of num_key_value_heads (" + std::to_string(spec.num_kv_heads) + ")");
-  if (spec.mla.active() || spec.attention_sinks || (spec.moe.active() && ((spec.moe.shared_intermediate_size > 0 && spec.moe.shared_module.empty()) ||
-                                                           spec.moe.fused_expert_params || spec.moe.expert_bias ||
-                                                           !spec.moe.router_module || spec.moe.router_bias ||
-                                                           spec.moe.router_score_bias)))
+  // DeepSeek's router is a bare weight (MoEGate) and its score bias a buffer: built where its routing is read.
+  const bool deepseek_router = spec.moe.active() && !spec.moe.topk_method.empty();
+  if (spec.attention_sinks || (spec.moe.active() && ((spec.moe.shared_intermediate_size > 0 && spec.moe.shared_module.empty()) ||
+                                                     spec.moe.fused_expert_params || spec.moe.expert_bias ||
+                                                     (!spec.moe.router_module && !deepseek_router) || spec.moe.router_bias ||
+                                                     (spec.moe.router_score_bias && !deepseek_router))))
     ftplan::fail_input(spec.name + ": model_type " + spec.model_type + ": ftexec does not build this family's block (it "
                        "trains " + ftplan::executor_family_list() + ")");
   if (spec.hidden_act != "silu" && spec.hidden_act != "gelu_pytorch_tanh")
@@ -530,6 +652,7 @@ LlamaModel llama_create(const ftplan::ModelSpec& spec, const ModelOptions& optio
   if (spec.sliding_window > 0 && static_cast<int64_t>(spec.sliding_layers.size()) != spec.num_layers)
     ftplan::fail_input(spec.name + ": sliding_layers: " + std::to_string(spec.sliding_layers.size()) + " entries for " +
                        std::to_string(spec.num_layers) + " layers");
+  if (spec.mla.active() || deepseek_router) deepseek_check(spec, options);
   LlamaModel m;
   m.spec = spec;
   m.options = options;
@@ -561,13 +684,19 @@ LlamaModel llama_create(const ftplan::ModelSpec& spec, const ModelOptions& optio
       at::Tensor t = name.find("norm") != std::string::npos ? fill(shape, norm_init) : normal(shape);
       if (name == "self_attn.q_norm.weight") b.q_norm = t;
       else if (name == "self_attn.k_norm.weight") b.k_norm = t;
+      else if (name == "self_attn.q_a_layernorm.weight") b.q_a_layernorm = t;
+      else if (name == "self_attn.kv_a_layernorm.weight") b.kv_a_layernorm = t;
       else
         for (auto& [n, slot] : moe_named_tensors(*b.moe, spec))
           if (n == name) *slot = t;
     }
+    // DeepseekV3TopkRouter: register_buffer("e_score_correction_bias", torch.zeros(n_routed_experts)).
+    if (b.moe)
+      for (auto& [name, slot] : moe_named_buffers(*b.moe, spec)) *slot = fill({spec.moe.num_experts}, 0.0);
     m.layers.push_back(std::move(b));
   }
-  m.moe_aux.enabled = spec.moe.active() && options.moe_aux_loss.value_or(spec.moe.output_router_logits);
+  // (DeepSeek's MoE computes no load-balancing loss in transformers: deepseek_check refuses moe.aux_loss true.)
+  m.moe_aux.enabled = spec.moe.active() && !deepseek_router && options.moe_aux_loss.value_or(spec.moe.output_router_logits);
   m.moe_aux.coef = spec.moe.aux_loss_coef;
   m.moe_aux.top_k = std::max<int64_t>(1, spec.moe.top_k);
   m.norm = fill({h}, norm_init);
@@ -593,6 +722,15 @@ std::vector<std::pair<std::string, at::Tensor>> llama_named_parameters(const Lla
   }
   out.emplace_back("model.norm.weight", m.norm);
   if (m.lm_head.defined()) out.emplace_back("lm_head.weight", m.lm_head);
+  return out;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> llama_named_buffers(const LlamaModel& m) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (size_t l = 0; l < m.layers.size(); ++l)
+    if (m.layers[l].moe)
+      for (const auto& [name, slot] : moe_named_buffers(*m.layers[l].moe, m.spec))
+        out.emplace_back("model.layers." + std::to_string(l) + "." + name, *slot);
   return out;
 }
 
@@ -628,6 +766,8 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> llama_expected_tensors
     }
     for (const auto& [name, shape] : block_extra_shapes(s, l))
       for (auto& e : moe_checkpoint_shapes(p + name, shape)) out.push_back(std::move(e));
+    if (moe_layer(s, l))
+      for (const auto& [name, shape] : moe_buffer_shapes(s)) out.push_back({p + name, shape});
     for (const auto& name : block_norm_names(s, false)) out.push_back({p + name, {h}});
   }
   out.push_back({"model.norm.weight", {h}});
@@ -740,7 +880,9 @@ void llama_load_weights(LlamaModel& m, const std::string& path_in) {
     ftplan::fail_input(msg);
   }
   at::NoGradGuard no_grad;
-  for (auto& [name, param] : checkpoint_tensors(llama_named_parameters(m))) {
+  auto named = checkpoint_tensors(llama_named_parameters(m));
+  for (auto& b : llama_named_buffers(m)) named.push_back(std::move(b));
+  for (auto& [name, param] : named) {
     at::Tensor p = param;
     p.copy_(tensor_view_of(*found.at(checkpoint_name(m.spec, name))));
   }
@@ -752,7 +894,9 @@ void llama_save_weights(const LlamaModel& m, const std::string& dir) {
   if (ec) throw std::runtime_error("--save " + dir + ": cannot create the folder (" + ec.message() + ")");
   std::vector<at::Tensor> keep;
   std::vector<SafetensorsEntry> entries;
-  for (const auto& [name, t] : checkpoint_tensors(llama_named_parameters(m))) {
+  auto named = checkpoint_tensors(llama_named_parameters(m));
+  for (auto& b : llama_named_buffers(m)) named.push_back(std::move(b));
+  for (const auto& [name, t] : named) {
     keep.push_back(t.detach().to(at::kCPU).contiguous());
     entries.push_back(safetensors_entry(checkpoint_name(m.spec, name), keep.back()));
   }
@@ -766,7 +910,10 @@ at::Tensor llama_block_forward(LlamaModel& m, int64_t layer, const at::Tensor& x
   const auto& s = m.spec;
   // LlamaDecoderLayer: x + attn(norm(x)), then h + mlp(norm(h)); Gemma2DecoderLayer and Olmo2DecoderLayer also
   // norm each sublayer's output before the residual add, and OLMo 2 has no norm before them.
-  at::Tensor h = x + optional_norm(s, attention(m, blk, optional_norm(s, x, blk.attn_norm), layer), blk.attn_out_norm);
+  at::Tensor h = x + optional_norm(s,
+                                   s.mla.active() ? mla_attention(m, blk, optional_norm(s, x, blk.attn_norm), layer)
+                                                  : attention(m, blk, optional_norm(s, x, blk.attn_norm), layer),
+                                   blk.attn_out_norm);
   return h + optional_norm(s, mlp(m, blk, optional_norm(s, h, blk.mlp_norm), layer), blk.mlp_out_norm);
 }
 

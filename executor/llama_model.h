@@ -1,5 +1,6 @@
 // A decoder of the dense families in planner/model_family.h (Llama 2/3/3.1/3.2, Mistral, Qwen2, Qwen3,
-// Gemma 2, Gemma 3 text, Phi-3/Phi-4, OLMo 2) and the mixtures of experts Qwen3-MoE, Mixtral and Qwen2-MoE (shared expert) in LibTorch, built from the same
+// Gemma 2, Gemma 3 text, Phi-3/Phi-4, OLMo 2) and the mixtures of experts Qwen3-MoE, Mixtral, Qwen2-MoE (shared expert)
+// and DeepSeek-V2/V3 (multi-head latent attention, shared experts, leading dense layers) in LibTorch, built from the same
 // ftplan::ModelSpec the planner reads: RMSNorm (Llama's, or Gemma's x·(1 + w) in fp32, or OLMo 2's cast
 // after the scale) before and/or after attention and the MLP as the spec's norm_* fields say, RoPE
 // (default, linear, dynamic and llama3 scaling; Gemma 3's local base on sliding layers), GQA attention
@@ -71,6 +72,11 @@ struct LlamaBlock {
                                         // [q_dim] and [kv_dim] over the projection (OLMo 2); undefined without
   Linear gate_proj, up_proj, down_proj; // the dense MLP; weights undefined in a MoE layer
   Linear gate_up_proj;                  // Phi-3's fused gate|up (ModelSpec::fused_gate_up); gate/up_proj then empty
+  // DeepSeek's multi-head latent attention (ModelSpec::mla): q_proj, or q_a_proj -> q_a_layernorm -> q_b_proj;
+  // kv_a_proj_with_mqa -> (latent, k_pe), kv_a_layernorm on the latent, kv_b_proj -> k_nope | v per head; o_proj.
+  Linear q_a_proj, q_b_proj, kv_a_proj_with_mqa, kv_b_proj;
+  at::Tensor q_a_layernorm;             // [q_lora_rank] (self_attn.q_a_layernorm.weight); undefined without
+  at::Tensor kv_a_layernorm;            // [kv_lora_rank] (self_attn.kv_a_layernorm.weight); undefined without MLA
   std::shared_ptr<MoeBlock> moe;        // a MoE layer's router and experts (executor/moe.h), else null
 };
 
@@ -131,7 +137,10 @@ int64_t llama_nf4_bytes(const LlamaModel& model);
 // included). A stacked expert tensor is named with "*" for the expert index; checkpoint_tensors()
 // gives what a checkpoint holds.
 std::vector<std::pair<std::string, at::Tensor>> llama_named_parameters(const LlamaModel& model);
-// The names and shapes a checkpoint of this config must hold (one tensor per expert).
+// The model's buffers by Hugging Face name: tensors a checkpoint holds that are not trained (DeepSeek-V3's
+// model.layers.N.mlp.gate.e_score_correction_bias); loaded and saved beside the parameters, kept fixed.
+std::vector<std::pair<std::string, at::Tensor>> llama_named_buffers(const LlamaModel& model);
+// The names and shapes a checkpoint of this config must hold (one tensor per expert; buffers included).
 std::vector<std::pair<std::string, std::vector<int64_t>>> llama_expected_tensors(const ftplan::ModelSpec& spec);
 // A parameter's name in the model's Hugging Face checkpoint: the model's own name ("model.norm.weight") with
 // a multimodal wrapper's prefix of its decoder (ModelSpec::text_checkpoint_prefix, Gemma 3:

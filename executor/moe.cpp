@@ -2,6 +2,8 @@
 
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <tuple>
+
 #include "planner/errors.h"
 
 namespace ftexec {
@@ -92,6 +94,65 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> moe_tensor_shapes(cons
   return out;
 }
 
+std::vector<std::pair<std::string, at::Tensor*>> moe_named_buffers(MoeBlock& b, const ftplan::ModelSpec& spec) {
+  if (!spec.moe.router_score_bias) return {};
+  return {{spec.moe.module + "." + spec.moe.router_name + ".e_score_correction_bias", &b.score_bias}};
+}
+
+std::vector<std::pair<std::string, std::vector<int64_t>>> moe_buffer_shapes(const ftplan::ModelSpec& spec) {
+  if (!spec.moe.router_score_bias) return {};
+  return {{spec.moe.module + "." + spec.moe.router_name + ".e_score_correction_bias", {spec.moe.num_experts}}};
+}
+
+namespace {
+
+// Keeps, per token, the experts of the `keep` groups (of n_group, each num_experts / n_group experts) with the
+// highest group score; the others' choice scores set to 0 (transformers' masked_fill(~score_mask, 0.0)).
+at::Tensor mask_groups(const at::Tensor& choice, const at::Tensor& group_scores, int64_t keep) {
+  const int64_t T = choice.size(0), G = group_scores.size(1), E = choice.size(1);
+  const at::Tensor group_idx = std::get<1>(group_scores.topk(keep, -1, /*largest=*/true, /*sorted=*/false));
+  const at::Tensor group_mask = at::zeros_like(group_scores).scatter_(1, group_idx, 1.0);
+  const at::Tensor score_mask = group_mask.unsqueeze(-1).expand({T, G, E / G}).reshape({T, E});
+  return choice.masked_fill(score_mask.logical_not(), 0.0);
+}
+
+// DeepseekV2MoEGate and DeepseekV3TopkRouter (see moe.h).
+MoeRouting deepseek_route(const MoeBlock& b, const ftplan::ModelSpec& spec, const at::Tensor& x) {
+  const auto& e = spec.moe;
+  const int64_t T = x.size(0), E = e.num_experts, k = e.top_k;
+  const at::Tensor logits = at::linear(x.to(at::kFloat), b.gate.to(at::kFloat));  // [T, E] fp32
+  MoeRouting r;
+  r.probs = e.scoring_func == "sigmoid" ? logits.sigmoid() : at::softmax(logits, -1);
+  {
+    at::NoGradGuard no_grad;  // the choice has no gradient (V3: get_topk_indices is @torch.no_grad)
+    at::Tensor choice = r.probs.detach();
+    if (b.score_bias.defined()) choice = choice + b.score_bias.to(at::kFloat).unsqueeze(0);
+    if (e.topk_method == "group_limited_greedy")  // V2: a group's score is its best expert's
+      choice = mask_groups(choice, std::get<0>(choice.view({T, e.n_group, E / e.n_group}).max(-1)), e.topk_group);
+    else if (e.topk_method == "noaux_tc")  // V3: the sum of its best two
+      choice = mask_groups(choice, std::get<0>(choice.view({T, e.n_group, E / e.n_group}).topk(2, -1)).sum(-1),
+                           e.topk_group);
+    r.top_i = std::get<1>(choice.topk(k, -1, /*largest=*/true, /*sorted=*/false));
+  }
+  r.top_w = r.probs.gather(1, r.top_i);  // the unbiased scores
+  if (e.norm_topk_prob) r.top_w = r.top_w / (r.top_w.sum(-1, /*keepdim=*/true) + 1e-20);
+  r.top_w = r.top_w * e.routed_scaling_factor;
+  return r;
+}
+
+}  // namespace
+
+MoeRouting moe_route(const MoeBlock& b, const ftplan::ModelSpec& spec, const at::Tensor& x) {
+  if (!spec.moe.topk_method.empty()) return deepseek_route(b, spec, x);
+  // The router: softmax in fp32, top-k, renormalised when the config says so, cast to the compute dtype.
+  MoeRouting r;
+  r.probs = at::softmax(at::linear(x, b.gate), -1, at::kFloat);  // [T, E]
+  std::tie(r.top_w, r.top_i) = r.probs.topk(spec.moe.top_k, -1);   // [T, k]
+  if (spec.moe.norm_topk_prob) r.top_w = r.top_w / r.top_w.sum(-1, /*keepdim=*/true);
+  r.top_w = r.top_w.to(x.scalar_type());
+  return r;
+}
+
 std::vector<std::pair<std::string, at::Tensor>> moe_checkpoint_tensors(const std::string& name, const at::Tensor& t) {
   const size_t star = name.find(kStar);
   if (star == std::string::npos) return {{name, t}};
@@ -117,11 +178,10 @@ at::Tensor moe_forward(const MoeBlock& b, const ftplan::ModelSpec& spec, const a
   const int64_t B = x_in.size(0), S = x_in.size(1), T = B * S;
   const at::Tensor x = x_in.reshape({T, h});
 
-  // The router: softmax in fp32, top-k, renormalised when the config says so, cast to the compute dtype.
-  at::Tensor probs = at::softmax(at::linear(x, b.gate), -1, at::kFloat);  // [T, E]
-  auto [top_w, top_i] = probs.topk(k, -1);                                 // [T, k]
-  if (spec.moe.norm_topk_prob) top_w = top_w / top_w.sum(-1, /*keepdim=*/true);
-  top_w = top_w.to(x.scalar_type());
+  MoeRouting routing = moe_route(b, spec, x);
+  const at::Tensor& probs = routing.probs;
+  const at::Tensor& top_w = routing.top_w;
+  const at::Tensor& top_i = routing.top_i;
 
   // Pairs p = t * k + j, sorted by expert (stable: by token within an expert), each given a row of the
   // padded [E, C] layout: slot = expert * C + its rank among that expert's pairs.
@@ -154,7 +214,10 @@ at::Tensor moe_forward(const MoeBlock& b, const ftplan::ModelSpec& spec, const a
   const at::Tensor up = at::bmm(xb, b.up_proj.transpose(1, 2));
   const at::Tensor ye = at::bmm(at::silu(gate) * up, b.down_proj.transpose(1, 2));  // [E, C, h]
   // Back to pair order, weighted, summed over each token's k experts.
-  at::Tensor y = (ye.view({E * C, h}).index_select(0, slot_of_pair).view({T, k, h}) * top_w.unsqueeze(-1)).sum(1);
+  // (DeepSeek's weights are fp32: the products and the sum in fp32, then cast back, as its MoE combines them.)
+  at::Tensor y = ye.view({E * C, h}).index_select(0, slot_of_pair).view({T, k, h});
+  if (top_w.scalar_type() != y.scalar_type()) y = (y.to(top_w.scalar_type()) * top_w.unsqueeze(-1)).sum(1).to(x.scalar_type());
+  else y = (y * top_w.unsqueeze(-1)).sum(1);
 
   // What the load-balancing loss reads (every forward records it, so the value is always at hand).
   if (aux.counts.size() <= static_cast<size_t>(layer)) aux.counts.resize(static_cast<size_t>(layer) + 1);

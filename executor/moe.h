@@ -1,4 +1,4 @@
-// A mixture-of-experts MLP (Qwen3-MoE, Mixtral, Qwen2-MoE) in LibTorch, as transformers'
+// A mixture-of-experts MLP (Qwen3-MoE, Mixtral, Qwen2-MoE, DeepSeek-V2/V3: moe_route) in LibTorch, as transformers'
 // Qwen3MoeSparseMoeBlock computes it (src/transformers/models/qwen3_moe/modeling_qwen3_moe.py @
 // 00d4b3d2142cb4ced2f51b90614b5d26bc045015), and its kin MixtralSparseMoeBlock (models/mixtral/
 // modeling_mixtral.py @ the same commit: the same routing, always renormalised, the experts' linears
@@ -50,6 +50,9 @@ struct MoeBlock {
   at::Tensor up_proj;    // [E, expert_intermediate, hidden]
   at::Tensor down_proj;  // [E, hidden, expert_intermediate]
   at::Tensor shared_expert_gate;  // Qwen2-MoE: [1, hidden] (mlp.shared_expert_gate.weight); undefined without
+  at::Tensor score_bias;  // DeepSeek-V3: e_score_correction_bias [E] (mlp.gate.e_score_correction_bias), a buffer:
+                          // it shifts the choice of experts only, has no gradient and ftexec keeps it fixed (the
+                          // noaux_tc balancing update is not part of transformers' training step); undefined without
 };
 
 // What one forward of the whole model leaves for the load-balancing loss (one per model; rewritten by
@@ -75,11 +78,33 @@ bool moe_layer(const ftplan::ModelSpec& spec, int64_t layer);
 std::vector<std::pair<std::string, at::Tensor*>> moe_named_tensors(MoeBlock& block, const ftplan::ModelSpec& spec);
 std::vector<std::pair<std::string, std::vector<int64_t>>> moe_tensor_shapes(const ftplan::ModelSpec& spec);
 
+// The block's buffers (not trained, but in the checkpoint): DeepSeek-V3's "mlp.gate.e_score_correction_bias".
+std::vector<std::pair<std::string, at::Tensor*>> moe_named_buffers(MoeBlock& block, const ftplan::ModelSpec& spec);
+std::vector<std::pair<std::string, std::vector<int64_t>>> moe_buffer_shapes(const ftplan::ModelSpec& spec);
+
 // The tensors a Hugging Face checkpoint holds for a model tensor: itself, or for a stacked expert
 // tensor (a name holding ".*.") one [out, in] view per expert, the "*" replaced by its index.
 std::vector<std::pair<std::string, at::Tensor>> moe_checkpoint_tensors(const std::string& name, const at::Tensor& t);
 std::vector<std::pair<std::string, std::vector<int64_t>>> moe_checkpoint_shapes(const std::string& name,
                                                                                 const std::vector<int64_t>& shape);
+
+// DeepSeek's routers (MoeSpec::topk_method set), as transformers computes them: DeepseekV2MoEGate
+// (models/deepseek_v2/modeling_deepseek_v2.py @ 03eac6f6d2af7e8562113f0b78d3d2d59a7d843d): fp32 logits
+// F.linear(x.float(), weight.float()), softmax, top-k ("greedy") or top-k among the topk_group groups with the
+// highest max score ("group_limited_greedy", the others masked to 0), weights times routed_scaling_factor (that
+// file reads norm_topk_prob but never applies it: llama_create refuses it true); DeepseekV3TopkRouter
+// (models/deepseek_v3/modeling_deepseek_v3.py @ f5a9ec512fa9fe69e51ea0c6388c68d50de567b3): sigmoid scores; the
+// choice on scores + e_score_correction_bias, groups ranked by the sum of their top-2, the others masked to 0;
+// the weights gathered from the unbiased scores, / (sum + 1e-20) when norm_topk_prob, times
+// routed_scaling_factor. Both keep the weights in fp32 and combine the experts' outputs in fp32 (DeepseekV2MoE.moe:
+// .type(topk_weight.dtype).mul_(...).sum(1); DeepseekV3MoE.moe: an fp32 final_hidden_states), then cast back.
+// Neither computes a load-balancing loss (llama_create refuses moe.aux_loss on them).
+struct MoeRouting {
+  at::Tensor probs;  // [T, E] fp32: the router's scores (the softmax / sigmoid), for the aux loss record
+  at::Tensor top_w;  // [T, k]: the routing weights (the compute dtype, or fp32 for DeepSeek)
+  at::Tensor top_i;  // [T, k] int64: the experts chosen
+};
+MoeRouting moe_route(const MoeBlock& block, const ftplan::ModelSpec& spec, const at::Tensor& x);
 
 // The MoE MLP on x [B, S, hidden] (the post-attention norm's output). Records the layer's counts and
 // probabilities in `aux` (and, with aux->enabled and grad mode on, routes the load-balancing loss's

@@ -231,6 +231,7 @@ std::vector<ModelFamily> make_table() {
     f.moe.layers = MoeLayers::first_k_dense;
     f.moe.router_module = false;
     f.moe.aux_coef_key = "aux_loss_alpha";
+    f.executor_runs = true;
     t.push_back(f);
   }
   {  // models/deepseek_v3/modeling_deepseek_v3.py: DeepSeek-V2's block; DeepseekV3TopkRouter adds
@@ -251,6 +252,8 @@ std::vector<ModelFamily> make_table() {
     f.moe.router_module = false;
     f.moe.router_score_bias = true;
     f.moe.aux_coef_key = "aux_loss_alpha";
+    f.moe.norm_topk_default = true;  // DeepseekV3Config(norm_topk_prob=True)
+    f.executor_runs = true;
     t.push_back(f);
   }
   return t;

@@ -113,7 +113,7 @@ struct ModelFamily {
   std::string text_config_type;      // a multimodal wrapper: the model_type of its text_config, else ""
   std::string text_checkpoint_prefix;  // a wrapper: its checkpoints' prefix of the decoder's names, e.g. "language_model."
   bool executor_runs = false;        // ftexec builds and trains this family (llama, mistral, qwen2, qwen3, gemma2,
-                                     // gemma3_text, phi3, olmo2, mixtral, qwen2_moe, qwen3_moe)
+                                     // gemma3_text, phi3, olmo2, mixtral, qwen2_moe, qwen3_moe, deepseek_v2, deepseek_v3)
 };
 
 // The row for a model_type, or nullptr.

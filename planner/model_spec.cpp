@@ -134,6 +134,36 @@ std::vector<int64_t> read_layer_list(const nlohmann::json& c, const char* key, i
   return out;
 }
 
+// DeepSeek's router: how scores are made and the top-k chosen (DeepseekV2Config / DeepseekV3Config keys;
+// transformers models/deepseek_v2/configuration_deepseek_v2.py, models/deepseek_v3/configuration_deepseek_v3.py:
+// V2 defaults topk_method "greedy", routed_scaling_factor 1.0, scoring_func "softmax"; V3 "noaux_tc", n_group 8,
+// topk_group 4, routed_scaling_factor 2.5, sigmoid scores; the family row's `defaults` carry V3's).
+void read_deepseek_router(const nlohmann::json& c, const ModelFamily& f, const std::string& where, MoeSpec& e) {
+  const bool v3 = f.moe.router_score_bias;
+  e.topk_method = read_string_or(c, "topk_method", v3 ? "noaux_tc" : "greedy", where);
+  if (e.topk_method != "greedy" && e.topk_method != "group_limited_greedy" && e.topk_method != "noaux_tc")
+    fail_input(where + ": topk_method: '" + e.topk_method + "' is not one of greedy, group_limited_greedy, noaux_tc");
+  e.scoring_func = read_string_or(c, "scoring_func", v3 ? "sigmoid" : "softmax", where);
+  if (e.scoring_func != "softmax" && e.scoring_func != "sigmoid")
+    fail_input(where + ": scoring_func: '" + e.scoring_func + "' is not softmax or sigmoid");
+  e.routed_scaling_factor = read_number_or(c, "routed_scaling_factor", v3 ? 2.5 : 1.0, where, 1e-9, 1e9);
+  if (e.topk_method != "greedy") {  // n_group / topk_group are read by the group-limited methods only
+    e.n_group = read_int_or(c, "n_group", v3 ? 8 : 1, where, 1, 1'000'000);
+    e.topk_group = read_int_or(c, "topk_group", v3 ? 4 : 1, where, 1, 1'000'000);
+    if (e.num_experts % e.n_group != 0)
+      fail_input(where + ": n_group: " + std::to_string(e.n_group) + " does not divide " + f.moe.experts_key + " " +
+                 std::to_string(e.num_experts));
+    if (e.topk_group > e.n_group)
+      fail_input(where + ": topk_group: " + std::to_string(e.topk_group) + " exceeds n_group " + std::to_string(e.n_group));
+    if (e.top_k > e.topk_group * (e.num_experts / e.n_group))
+      fail_input(where + ": num_experts_per_tok: " + std::to_string(e.top_k) + " exceeds the experts of topk_group (" +
+                 std::to_string(e.topk_group) + ") groups of " + std::to_string(e.num_experts / e.n_group));
+    if (e.topk_method == "noaux_tc" && e.num_experts / e.n_group < 2)
+      fail_input(where + ": n_group: noaux_tc ranks groups by their top-2 scores, so a group needs 2 experts (" +
+                 std::to_string(e.num_experts) + " / " + std::to_string(e.n_group) + ")");
+  }
+}
+
 // The experts of a MoE family (its MoeFamily row) and which layers hold them.
 void read_moe(const nlohmann::json& c, const ModelFamily& f, const std::string& where, ModelSpec& m) {
   const MoeFamily& row = f.moe;
@@ -164,6 +194,7 @@ void read_moe(const nlohmann::json& c, const ModelFamily& f, const std::string& 
   e.output_router_logits = read_bool_or(c, "output_router_logits", false, where);
   e.norm_topk_prob = contains(f.keys, "norm_topk_prob") ? read_bool_or(c, "norm_topk_prob", row.norm_topk_default, where)
                                                          : row.norm_topk_default;
+  if (contains(f.keys, "topk_method")) read_deepseek_router(c, f, where, e);
   if (read_number_or(c, "router_jitter_noise", 0.0, where, 0.0, 1e6) != 0.0)
     fail_input(where + ": router_jitter_noise: multiplicative router noise in training is not modelled (published "
                "configs set 0.0)");
@@ -190,6 +221,9 @@ void read_mla(const nlohmann::json& c, const std::string& where, ModelSpec& m) {
   m.mla.q_lora_rank = read_int_or(c, "q_lora_rank", 0, where, 1, 1'000'000);  // null: a plain q_proj
   m.mla.qk_nope_head_dim = read_int(c, "qk_nope_head_dim", where, 1, 100'000);
   m.mla.qk_rope_head_dim = read_int(c, "qk_rope_head_dim", where, 1, 100'000);
+  m.mla.rope_interleave = read_bool_or(c, "rope_interleave", true, where);  // V3's key; V2 always interleaves
+  if (m.mla.qk_rope_head_dim % 2 != 0)
+    fail_input(where + ": qk_rope_head_dim: " + std::to_string(m.mla.qk_rope_head_dim) + " is odd (RoPE rotates pairs)");
   m.v_head_dim = read_int(c, "v_head_dim", where, 1, 100'000);
   // Every head has its own decompressed key and value: as many KV heads as query heads (num_key_value_heads
   // is not read by the attention; transformers 5's head_dim is the RoPE part).

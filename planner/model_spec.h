@@ -72,6 +72,13 @@ struct MoeSpec {
                                          // loss in training (the job's moe.aux_loss defaults to it)
   bool norm_topk_prob = false;           // the top-k routing weights renormalised to sum to 1, e.g. true (Mixtral
                                          // always; Qwen3-30B-A3B's config), false (Qwen3MoeConfig's default)
+  // DeepSeek's router (read for deepseek_v2 / deepseek_v3 only; ftexec routes by them):
+  std::string topk_method;               // "" (Qwen, Mixtral: top-k of the softmax); "greedy", "group_limited_greedy"
+                                         // (DeepSeek-V2's MoEGate), "noaux_tc" (DeepSeek-V3's TopkRouter)
+  std::string scoring_func = "softmax";  // router scores: "softmax", "sigmoid" (DeepSeek-V3)
+  int64_t n_group = 1;                   // expert groups for group-limited routing, e.g. 8 (DeepSeek-V3)
+  int64_t topk_group = 1;                // groups a token may pick from, e.g. 4 (DeepSeek-V3), 3 (DeepSeek-V2)
+  double routed_scaling_factor = 1.0;    // the routed experts' weights times this, e.g. 2.5 (DeepSeek-V3), 16 (V2)
 
   bool active() const { return num_experts > 0; }
   int64_t num_moe_layers() const;        // e.g. 26 of DeepSeek-V2-Lite's 27
@@ -87,6 +94,8 @@ struct MlaSpec {
   int64_t kv_lora_rank = 0;      // e.g. 512; 0 = no latent attention
   int64_t qk_nope_head_dim = 0;  // e.g. 128
   int64_t qk_rope_head_dim = 0;  // e.g. 64 (the decoupled RoPE key, shared by the heads)
+  bool rope_interleave = true;   // RoPE on interleaved pairs (x0, x1), (x2, x3), ... (DeepSeek-V2's complex
+                                 // rotation; DeepSeek-V3's rope_interleave, default true); false: rotate-half
   bool active() const { return kv_lora_rank > 0; }
 };
 

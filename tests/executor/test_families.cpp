@@ -46,6 +46,8 @@ const std::string kQwen2Moe = "tests/data/models/tiny-qwen2-moe.json";
 const std::string kGemma2 = "tests/data/models/tiny-gemma2.json";  // window 8 on layers 0, 2 (seq 32)
 const std::string kGemma3 = "tests/data/models/tiny-gemma3.json";  // window 8 on layers 0, 1; local RoPE
 const std::string kPhi3 = "tests/data/models/tiny-phi3.json";      // window 12 on every layer
+const std::string kDeepseekV2 = "tests/data/models/tiny-deepseek-v2.json";  // MLA with q_proj, grouped softmax routing
+const std::string kDeepseekV3 = "tests/data/models/tiny-deepseek-v3.json";  // MLA with q_a/q_b, sigmoid noaux_tc, score bias
 
 ftplan::ModelSpec spec_of(const std::string& path) {
   const std::string file = path.front() == '/' ? path : std::string(FTPLAN_SOURCE_DIR) + "/" + path;
@@ -106,7 +108,8 @@ int64_t params_of(const std::vector<std::pair<std::string, std::vector<int64_t>>
 
 }  // namespace
 
-TEST_CASE("Qwen3, Qwen3-MoE, Mixtral, Qwen2-MoE, Gemma 2, Phi-3: DDP, ZeRO and FSDP reproduce the single-process loss",
+TEST_CASE("Qwen3, Qwen3-MoE, Mixtral, Qwen2-MoE, Gemma 2, Phi-3, DeepSeek-V2/V3: DDP, ZeRO and FSDP reproduce the "
+          "single-process loss",
           "[dist][family]") {
   // model, strategy, ranks, grad_accum per rank, extra flags
   auto [model, strategy, nproc, accum, extra] = GENERATE(table<std::string, std::string, int, int, std::string>({
@@ -127,6 +130,8 @@ TEST_CASE("Qwen3, Qwen3-MoE, Mixtral, Qwen2-MoE, Gemma 2, Phi-3: DDP, ZeRO and F
       {untied(kGemma2), "fsdp", 2, 1, "--checkpointing full"},  // (a tied embedding is not sharded yet)
       {kPhi3, "ddp", 2, 1, "--method lora --lora-rank 4 --lora-targets qkv_proj,gate_up_proj"},
       {kPhi3, "fsdp", 2, 1, ""},
+      {kDeepseekV2, "ddp", 2, 1, ""},       // latent attention, a dense layer, grouped routing, 2 shared experts
+      {kDeepseekV3, "fsdp", 2, 1, "save"},  // ... q_a/q_b, sigmoid routing; the score bias (a buffer) saved by rank 0
   }));
   CAPTURE(model, strategy, nproc, accum, extra);
   const bool pipelined = strategy == "pipeline";
@@ -165,6 +170,10 @@ TEST_CASE("Qwen3, Qwen3-MoE, Mixtral, Qwen2-MoE, Gemma 2, Phi-3: DDP, ZeRO and F
     for (const auto& [name, t] : ftexec::checkpoint_tensors(ftexec::llama_named_parameters(b))) {
       CAPTURE(name);
       CHECK(at::equal(t, ftexec::tensor_view_of(*file.find(name))));
+    }
+    for (const auto& [name, t] : ftexec::llama_named_buffers(b)) {  // DeepSeek-V3's e_score_correction_bias: kept fixed
+      CAPTURE(name);
+      CHECK(at::equal(t, at::zeros({spec.moe.num_experts})));
     }
   }
   if (spec_of(model).moe.active()) {
@@ -245,8 +254,43 @@ TEST_CASE("checkpoints carry each family's Hugging Face names: q/k norms, the ro
       CHECK(params_of(tensors) == ftplan::count_params(spec).total);
     }
   }
-  SECTION("a tiny MoE (Qwen3-MoE, Mixtral, Qwen2-MoE) saves per-expert tensors and loads them back bit for bit") {
-    const std::string model = GENERATE(kQwen3Moe, kMixtral, kQwen2Moe);
+  SECTION("DeepSeek-V2-Lite: latent attention, the bare router, one tensor per expert, shared_experts, a dense layer 0") {
+    // The names of deepseek-ai/DeepSeek-V2-Lite's model.safetensors.index.json: 27 layers, layer 0 dense
+    // (first_k_dense_replace 1), 64 routed experts of 1408, shared_experts of 2 x 1408, q_proj (q_lora_rank null).
+    const auto spec = ftplan::load_model("deepseek-v2-lite");
+    const auto list = ftexec::llama_expected_tensors(spec);
+    std::map<std::string, std::vector<int64_t>> d(list.begin(), list.end());
+    CHECK(d.at("model.layers.0.self_attn.q_proj.weight") == std::vector<int64_t>{3072, 2048});  // 16 x (128 + 64)
+    CHECK(d.at("model.layers.0.self_attn.kv_a_proj_with_mqa.weight") == std::vector<int64_t>{576, 2048});
+    CHECK(d.at("model.layers.0.self_attn.kv_a_layernorm.weight") == std::vector<int64_t>{512});
+    CHECK(d.at("model.layers.0.self_attn.kv_b_proj.weight") == std::vector<int64_t>{4096, 512});  // 16 x (128 + 128)
+    CHECK(d.at("model.layers.0.self_attn.o_proj.weight") == std::vector<int64_t>{2048, 2048});
+    CHECK(d.at("model.layers.0.mlp.gate_proj.weight") == std::vector<int64_t>{10944, 2048});
+    CHECK(d.at("model.layers.26.mlp.gate.weight") == std::vector<int64_t>{64, 2048});
+    CHECK(d.at("model.layers.1.mlp.experts.63.down_proj.weight") == std::vector<int64_t>{2048, 1408});
+    CHECK(d.at("model.layers.1.mlp.shared_experts.gate_proj.weight") == std::vector<int64_t>{2816, 2048});
+    CHECK(d.count("model.layers.1.mlp.gate_proj.weight") == 0);
+    CHECK(d.count("model.layers.0.self_attn.q_a_proj.weight") == 0);
+    CHECK(d.count("model.layers.1.mlp.gate.e_score_correction_bias") == 0);
+    // layer 0: 2 norms + 5 attention (q, kv_a, kv_a_layernorm, kv_b, o) + 3 MLP; 26 x (7 + router + 64 x 3 + 3
+    // shared) + embedding, norm, lm_head.
+    CHECK(list.size() == size_t(10 + 26 * (7 + 1 + 64 * 3 + 3) + 3));
+    CHECK(params_of(list) == ftplan::count_params(spec).total);
+  }
+  SECTION("DeepSeek-V3 (tiny): q_a_proj, q_a_layernorm, q_b_proj and the router's e_score_correction_bias") {
+    const auto spec = spec_of(kDeepseekV3);
+    const auto list = ftexec::llama_expected_tensors(spec);
+    std::map<std::string, std::vector<int64_t>> d(list.begin(), list.end());
+    CHECK(d.at("model.layers.1.self_attn.q_a_proj.weight") == std::vector<int64_t>{24, 64});
+    CHECK(d.at("model.layers.1.self_attn.q_a_layernorm.weight") == std::vector<int64_t>{24});
+    CHECK(d.at("model.layers.1.self_attn.q_b_proj.weight") == std::vector<int64_t>{96, 24});  // 4 x (16 + 8)
+    CHECK(d.at("model.layers.2.mlp.gate.e_score_correction_bias") == std::vector<int64_t>{4});
+    CHECK(d.count("model.layers.0.mlp.gate.e_score_correction_bias") == 0);  // layer 0 is dense
+    CHECK(d.count("model.layers.1.self_attn.q_proj.weight") == 0);
+    CHECK(params_of(list) == ftplan::count_params(spec).total);  // the planner counts the bias too
+  }
+  SECTION("a tiny MoE (Qwen3-MoE, Mixtral, Qwen2-MoE, DeepSeek-V3) saves per-expert tensors and loads them back bit for bit") {
+    const std::string model = GENERATE(kQwen3Moe, kMixtral, kQwen2Moe, kDeepseekV3);
     CAPTURE(model);
     const auto spec = spec_of(model);
     ftexec::LlamaModel a = ftexec::llama_create(spec, ftexec::ModelOptions{}, 1);
@@ -272,6 +316,15 @@ TEST_CASE("checkpoints carry each family's Hugging Face names: q/k norms, the ro
       CHECK(at::equal(ftexec::tensor_view_of(*file.find("model.layers.1.mlp.shared_expert_gate.weight")),
                       a.layers[1].moe->shared_expert_gate));
     }
+    if (spec.moe.router_score_bias) {  // DeepSeek-V3: a non-zero buffer, saved and loaded with the parameters
+      at::NoGradGuard no_grad;
+      ftexec::llama_named_buffers(a).at(1).second.copy_(at::arange(4, at::kFloat) * 0.25);
+      ftexec::llama_save_weights(a, dir.path.string());
+      ftexec::SafetensorsFile again(dir / "model.safetensors");
+      REQUIRE(again.find("model.layers.2.mlp.gate.e_score_correction_bias") != nullptr);
+      CHECK(at::equal(ftexec::tensor_view_of(*again.find("model.layers.2.mlp.gate.e_score_correction_bias")),
+                      at::arange(4, at::kFloat) * 0.25));
+    }
     ftexec::LlamaModel b = ftexec::llama_create(spec, ftexec::ModelOptions{}, 2);
     ftexec::llama_load_weights(b, dir.path.string());
     const auto pa = ftexec::llama_named_parameters(a), pb = ftexec::llama_named_parameters(b);
@@ -280,11 +333,17 @@ TEST_CASE("checkpoints carry each family's Hugging Face names: q/k norms, the ro
       CAPTURE(pa[i].first);
       CHECK(at::equal(pa[i].second, pb[i].second));
     }
+    const auto ba = ftexec::llama_named_buffers(a), bb = ftexec::llama_named_buffers(b);
+    REQUIRE(ba.size() == bb.size());
+    for (size_t i = 0; i < ba.size(); ++i) {
+      CAPTURE(ba[i].first);
+      CHECK(at::equal(ba[i].second, bb[i].second));
+    }
   }
 }
 
 TEST_CASE("ftexec refuses the families whose block it does not build: one line naming model_type, exit 2", "[dist][family]") {
-  for (const std::string model : {"deepseek-v2-lite", "gpt-oss-20b"}) {
+  for (const std::string model : {"gpt-oss-20b"}) {
     CAPTURE(model);
     const auto spec = ftplan::load_model(model);
     const auto r = run_ftexec("--model " + model + " --precision fp32 --seq-len 32 --micro-batch 1 --steps 1 --no-progress");
@@ -293,6 +352,51 @@ TEST_CASE("ftexec refuses the families whose block it does not build: one line n
     CHECK(std::count(r.output.begin(), r.output.end(), '\n') == 1);
     CHECK_THAT(r.output, Contains("model_type " + (spec.wrapper_type.empty() ? spec.model_type : spec.wrapper_type)));
     CHECK_THAT(r.output, Contains(ftplan::executor_family_list()));
+  }
+}
+
+TEST_CASE("DeepSeek: what ftexec does not run of it is refused by name, in one line, exit 2", "[executor][family]") {
+  // In process (llama_create and lora_attach throw the InputError ftexec prints as its one line, exit 2).
+  const auto v2 = spec_of(kDeepseekV2), v3 = spec_of(kDeepseekV3);
+  auto refused = [](ftplan::ModelSpec spec, const std::string& field, ftexec::ModelOptions o = {}) {
+    CAPTURE(field);
+    CHECK_THROWS_WITH(ftexec::llama_create(spec, o, 1), Contains(field));
+  };
+  ftplan::ModelSpec yarn = v2;  // DeepSeek-V2-Lite's own config has rope_scaling yarn
+  yarn.rope_scaling.type = "yarn";
+  refused(yarn, "rope_scaling yarn");
+  refused(ftplan::load_model("deepseek-v2-lite"), "rope_scaling yarn");  // before any weight is allocated
+  ftplan::ModelSpec renorm = v2;
+  renorm.moe.norm_topk_prob = true;
+  refused(renorm, "norm_topk_prob");
+  ftplan::ModelSpec sigmoid_v2 = v2;
+  sigmoid_v2.moe.scoring_func = "sigmoid";
+  refused(sigmoid_v2, "scoring_func sigmoid");
+  ftplan::ModelSpec greedy_v3 = v3;
+  greedy_v3.moe.topk_method = "greedy";
+  refused(greedy_v3, "topk_method greedy");
+  ftexec::ModelOptions aux;
+  aux.moe_aux_loss = true;
+  refused(v3, "moe.aux_loss", aux);
+  // LoRA on the routed experts (gate_proj names the experts' and the shared experts' alike) or the router.
+  ftexec::LlamaModel m = ftexec::llama_create(v3, ftexec::ModelOptions{}, 1);
+  ftplan::LoraSpec lora;
+  lora.rank = 4;
+  for (const std::string target : {"gate_proj", "down_proj", "gate"}) {
+    lora.targets = {"q_a_proj", target};
+    CHECK_THROWS_WITH(ftexec::lora_attach(m, lora, 2), Contains("--lora-targets (lora.targets) " + target));
+  }
+  lora.targets = {"q_proj"};  // V3's tiny config has q_lora_rank: no q_proj
+  CHECK_THROWS_WITH(ftexec::lora_attach(m, lora, 2), Contains("q_proj: not a linear of a deepseek_v3 block"));
+  // The CLI: the shipped DeepSeek-V2-Lite (yarn) and QLoRA on the tiny V2, one line each, exit 2.
+  for (const auto& [flags, field] : std::vector<std::pair<std::string, std::string>>{
+           {"--model deepseek-v2-lite", "rope_scaling yarn"},
+           {"--model " + kDeepseekV2 + " --method qlora --lora-targets q_proj", "--method (method) qlora"}}) {
+    const auto r = run_ftexec(flags + " --precision fp32 --seq-len 32 --micro-batch 1 --steps 1 --no-progress");
+    CAPTURE(flags, r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(std::count(r.output.begin(), r.output.end(), '\n') == 1);
+    CHECK_THAT(r.output, Contains(field));
   }
 }
 
@@ -345,7 +449,7 @@ TEST_CASE("Qwen3, Qwen3-MoE, Qwen2-MoE, Gemma 2 and Phi-3: measured CPU peak wit
   // softmax, which the planner counts for hf; ftexec keeps E counts per layer).
   // (Gemma 3 text and OLMo 2, which add no term beyond these, measured 0.27% and 0.24% on the peak when run here
   // too; left out to keep the suite short.)
-  const std::string model = GENERATE(kQwen3, kQwen3Moe, kQwen2Moe, kGemma2, kPhi3);
+  const std::string model = GENERATE(kQwen3, kQwen3Moe, kQwen2Moe, kGemma2, kPhi3, kDeepseekV3);
   CAPTURE(model);
   ftplan::TrainingSetup setup = ftexec_test::activation_memory_setup(std::string(FTPLAN_SOURCE_DIR) + "/" + model);
   setup.moe.aux_loss = false;

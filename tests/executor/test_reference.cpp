@@ -65,7 +65,43 @@ struct RefCase {
   bool norm_topk_prob = false;       // qwen3_moe, qwen2_moe: the top-k weights renormalised (mixtral: always)
   std::string config_file;           // a config of tests/data/models/ (the dense families beyond Llama) used as
                                      // it is; then the fields above but method and targets are not read
+  nlohmann::json deepseek = nullptr; // deepseek_v2 / deepseek_v3: the keys set over the tiny MLA config (deepseek_config)
 };
+
+// DeepSeek's tiny config: hidden 64, 4 heads of q/k 8 + 8 (nope + rope) and v 12, kv_lora_rank 32, 2 layers (layer 0
+// dense: first_k_dense_replace 1), 4 routed experts of width 48 top 2, one shared expert, routed_scaling_factor 1.5.
+nlohmann::json deepseek_config(const std::string& model_type, const nlohmann::json& over) {
+  nlohmann::json j = {{"architectures", {model_type == "deepseek_v2" ? "DeepseekV2ForCausalLM" : "DeepseekV3ForCausalLM"}},
+                      {"model_type", model_type},
+                      {"vocab_size", 384},
+                      {"hidden_size", 64},
+                      {"intermediate_size", 160},
+                      {"moe_intermediate_size", 48},
+                      {"num_hidden_layers", 2},
+                      {"num_attention_heads", 4},
+                      {"num_key_value_heads", 4},
+                      {"q_lora_rank", nullptr},
+                      {"kv_lora_rank", 32},
+                      {"qk_nope_head_dim", 8},
+                      {"qk_rope_head_dim", 8},
+                      {"v_head_dim", 12},
+                      {"n_routed_experts", 4},
+                      {"n_shared_experts", 1},
+                      {"num_experts_per_tok", 2},
+                      {"first_k_dense_replace", 1},
+                      {"moe_layer_freq", 1},
+                      {"routed_scaling_factor", 1.5},
+                      {"max_position_embeddings", 2048},
+                      {"rms_norm_eps", 1e-5},
+                      {"rope_theta", 10000.0},
+                      {"rope_scaling", nullptr},
+                      {"hidden_act", "silu"},
+                      {"attention_bias", false},
+                      {"tie_word_embeddings", false},
+                      {"torch_dtype", "float32"}};
+  for (auto it = over.begin(); it != over.end(); ++it) j[it.key()] = *it;
+  return j;
+}
 
 const std::vector<RefCase>& ref_cases() {
   static const std::vector<RefCase> cases = {
@@ -104,11 +140,27 @@ const std::vector<RefCase>& ref_cases() {
        false, "qkv_proj,o_proj,gate_up_proj,down_proj", "phi3", false, "tiny-phi3.json"},
       {"olmo2 full: post-norms only, q/k norms over the whole projection", ftplan::Method::full, false, 2, false,
        false, "", "olmo2", false, "tiny-olmo2.json"},
+      // DeepSeek: multi-head latent attention, a dense layer then a MoE layer with a shared expert.
+      {"deepseek_v2 full: MLA with q_proj (q_lora_rank null), complex RoPE, softmax greedy top 2, scaling 1.5",
+       ftplan::Method::full, false, 4, false, false, "", "deepseek_v2", false, "",
+       {{"topk_method", "greedy"}, {"norm_topk_prob", false}}},
+      {"deepseek_v2 lora q_proj,kv_a_proj_with_mqa,kv_b_proj,o_proj, tied, group_limited_greedy 2 groups keep 1",
+       ftplan::Method::lora, true, 4, false, false, "q_proj,kv_a_proj_with_mqa,kv_b_proj,o_proj", "deepseek_v2", false, "",
+       {{"topk_method", "group_limited_greedy"}, {"n_group", 2}, {"topk_group", 1}, {"tie_word_embeddings", true}}},
+      {"deepseek_v3 full: q_a_proj/q_a_layernorm/q_b_proj (rank 24), interleaved RoPE, sigmoid noaux_tc 2 groups keep 1, "
+       "score bias, renormalised",
+       ftplan::Method::full, false, 4, false, false, "", "deepseek_v3", true, "",
+       {{"q_lora_rank", 24}, {"n_group", 2}, {"topk_group", 1}, {"norm_topk_prob", true}, {"rope_interleave", true}}},
+      {"deepseek_v3 lora q_a_proj,q_b_proj,kv_a_proj_with_mqa,kv_b_proj,o_proj, rotate-half RoPE, not renormalised",
+       ftplan::Method::lora, false, 4, false, false, "q_a_proj,q_b_proj,kv_a_proj_with_mqa,kv_b_proj,o_proj", "deepseek_v3",
+       false, "",
+       {{"q_lora_rank", 24}, {"n_group", 2}, {"topk_group", 1}, {"norm_topk_prob", false}, {"rope_interleave", false}}},
   };
   return cases;
 }
 
 nlohmann::json case_config(const RefCase& c) {
+  if (!c.deepseek.is_null()) return deepseek_config(c.model_type, c.deepseek);
   if (!c.config_file.empty())
     return ftplan::read_json_file(std::string(FTPLAN_SOURCE_DIR) + "/tests/data/models/" + c.config_file);
   nlohmann::json j = {{"architectures", {"LlamaForCausalLM"}},
@@ -193,6 +245,11 @@ void randomize(LlamaModel& model, uint64_t seed) {
     const double sd = norm ? 0.1 : bias ? 0.02 : 1.0 / std::sqrt(double(p.size(-1)));  // (experts: [E, out, in])
     p.normal_(0.0, sd, gen);
     if (norm) p.add_(1.0);
+  }
+  // DeepSeek-V3's score-correction bias (a buffer, zeros at init): N(0, 0.05²), so it moves the choice of experts.
+  for (auto& [name, buffer] : llama_named_buffers(model)) {
+    at::Tensor b = buffer;
+    b.normal_(0.0, 0.05, gen);
   }
   for (auto& [name, param] : lora_named_parameters(model)) {
     if (name.find("lora_B") == std::string::npos) continue;

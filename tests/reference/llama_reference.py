@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""An independent reference for ftexec: a small Llama (Qwen3, Qwen3-MoE, Mixtral, Qwen2-MoE, Gemma 2/3, Phi-3, OLMo 2) and PEFT-style LoRA in plain PyTorch.
+"""An independent reference for ftexec: a small Llama (Qwen3, Qwen3-MoE, Mixtral, Qwen2-MoE, Gemma 2/3, Phi-3, OLMo 2,
+DeepSeek-V2/V3) and PEFT-style LoRA in plain PyTorch.
 
 Written from the Hugging Face description of the architecture, never from ftexec's C++ model code,
 so that the test in tests/executor/test_reference.cpp compares two implementations, not one with
@@ -52,7 +53,8 @@ itself. What each piece follows (files read, commit):
 
 The dense families beyond Llama (Gemma 2, Gemma 3 text, Phi-3/Phi-4, OLMo 2) have their own section,
 FamilyConfig / FamilyForCausalLM, written from modeling_gemma2.py, modeling_gemma3.py, modeling_phi3.py and
-modeling_olmo2.py; its header names the commits read.
+modeling_olmo2.py; its header names the commits read. DeepSeek-V2/V3 too (DeepseekConfig /
+DeepseekForCausalLM, from modeling_deepseek_v2.py and modeling_deepseek_v3.py at the commits its header names).
 
 The optimizer is PyTorch's own torch.optim.AdamW and clipping torch.nn.utils.clip_grad_norm_.
 
@@ -578,12 +580,13 @@ def causal_lm_loss(logits, labels=None, shift_labels=None, ignore_index=-100):
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 FUSED_TARGETS = ("qkv_proj", "gate_up_proj")  # Phi-3's fused projections, PEFT targets as whole modules
+MLA_TARGETS = ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj")  # DeepSeek's latent attention
 
 
 def lora_modules(model, targets):
     for i, layer in enumerate(model.model.layers):
         for name in targets:
-            parent = layer.self_attn if name in ("q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj") else layer.mlp
+            parent = layer.self_attn if name in ("q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj") + MLA_TARGETS else layer.mlp
             if not hasattr(parent, name):  # a MoE layer has no dense gate/up/down_proj
                 raise ValueError(f"target {name}: layer {i} has no such linear (the reference puts LoRA on no expert)")
             prefix = "self_attn" if parent is layer.self_attn else "mlp"
@@ -595,7 +598,7 @@ def attach_lora(model, adapter_config):
     targets = adapter_config["target_modules"]
     if isinstance(targets, str):
         targets = LORA_TARGETS if targets == "all-linear" else [targets]
-    unknown = set(targets) - set(LORA_TARGETS) - set(FUSED_TARGETS)
+    unknown = set(targets) - set(LORA_TARGETS) - set(FUSED_TARGETS) - set(MLA_TARGETS)
     if unknown:
         raise ValueError(f"target_modules {sorted(unknown)}: not a Llama block linear")
     named = {}
@@ -920,6 +923,249 @@ class FamilyForCausalLM(nn.Module):
 
 
 # ----------------------------------------------------------------------------------------------
+# DeepSeek-V2 and DeepSeek-V3, each written from its transformers modeling file (read at the commits below;
+# never from ftexec's C++):
+#
+#   models/deepseek_v2/modeling_deepseek_v2.py  @ 03eac6f6d2af7e8562113f0b78d3d2d59a7d843d
+#       DeepseekV2Attention (q_proj, or q_b_proj(q_a_layernorm(q_a_proj(x))); kv_a_proj_with_mqa split into the
+#       latent and k_pe; kv_b_proj(kv_a_layernorm(latent)) split per head into k_nope and v; apply_rotary_emb on
+#       q_pe and the one k_pe as complex numbers (view_as_complex of interleaved pairs, freqs_cis = polar(1, freqs),
+#       in fp32, then type_as); q = cat(q_nope, q_pe), k = cat(k_nope, k_pe.expand); scaling qk_head_dim**-0.5;
+#       o_proj), DeepseekV2RMSNorm (default eps 1e-6 for q_a_layernorm / kv_a_layernorm), DeepseekV2MoEGate
+#       (fp32 logits F.linear(x.float(), weight.float()), softmax; "greedy" topk or "group_limited_greedy": groups
+#       ranked by their max score, topk_group kept, the rest masked to 0; topk_weight * routed_scaling_factor; no
+#       aux loss returned), DeepseekV2MoE (experts on their tokens, weights in fp32, .sum(1), cast back; + the
+#       shared_experts MLP of moe_intermediate_size * n_shared_experts on every token), DeepseekV2DecoderLayer (MoE
+#       when layer_idx >= first_k_dense_replace, else DeepseekV2MLP(intermediate_size)).
+#   models/deepseek_v3/modeling_deepseek_v3.py  @ f5a9ec512fa9fe69e51ea0c6388c68d50de567b3
+#       DeepseekV3RotaryEmbedding (cat(freqs, freqs) cos/sin cast to the compute dtype), apply_rotary_pos_emb_interleave
+#       (q.view(d // 2, 2).transpose(4, 3).reshape(d), then rotate-half) when rope_interleave, else
+#       apply_rotary_pos_emb; DeepseekV3Attention (as V2; q_a_proj path); DeepseekV3TopkRouter (sigmoid of fp32
+#       logits; get_topk_indices under no_grad: scores + e_score_correction_bias (a buffer), groups ranked by the
+#       sum of their top-2, topk_group kept, the rest masked to 0, topk; weights gathered from the unbiased
+#       scores, / (sum + 1e-20) when norm_topk_prob, * routed_scaling_factor); DeepseekV3MoE (fp32
+#       final_hidden_states, index_add of expert_output * weight, cast back; + shared_experts).
+#   configuration_deepseek_v3.py @ 001f85b38fb432858ace93f18622f07cec46d874: the defaults (n_group 8, topk_group 4,
+#       norm_topk_prob True, routed_scaling_factor 2.5, rope_interleave True).
+
+DEEPSEEK = ("deepseek_v2", "deepseek_v3")
+
+
+class DeepseekConfig:
+    def __init__(self, c):
+        t = c["model_type"]
+        if t not in DEEPSEEK:
+            raise ValueError(f"model_type {t}: not one of {DEEPSEEK}")
+        self.model_type = t
+        v3 = t == "deepseek_v3"
+        if c.get("rope_scaling") is not None:
+            raise ValueError("deepseek: the reference covers rope_scaling null")
+        self.vocab_size, self.hidden_size = c["vocab_size"], c["hidden_size"]
+        self.intermediate_size, self.moe_intermediate_size = c["intermediate_size"], c["moe_intermediate_size"]
+        self.num_hidden_layers, self.num_attention_heads = c["num_hidden_layers"], c["num_attention_heads"]
+        self.q_lora_rank, self.kv_lora_rank = c.get("q_lora_rank"), c["kv_lora_rank"]
+        self.qk_nope_head_dim, self.qk_rope_head_dim = c["qk_nope_head_dim"], c["qk_rope_head_dim"]
+        self.v_head_dim = c["v_head_dim"]
+        self.head_dim = self.qk_rope_head_dim  # the config classes' head_dim: what RoPE rotates
+        self.n_routed_experts, self.n_shared_experts = c["n_routed_experts"], c.get("n_shared_experts")
+        self.num_experts_per_tok = c["num_experts_per_tok"]
+        self.first_k_dense_replace = c.get("first_k_dense_replace", 3 if v3 else 0)
+        self.rms_norm_eps = c.get("rms_norm_eps", 1e-6)
+        self.rope_theta, self.rope_scaling = c.get("rope_theta", 10000.0), None
+        self.tie_word_embeddings = c.get("tie_word_embeddings", False)
+        self.routed_scaling_factor = c.get("routed_scaling_factor", 2.5 if v3 else 1.0)
+        self.topk_method = c.get("topk_method", "noaux_tc" if v3 else "greedy")
+        self.n_group = c.get("n_group", 8 if v3 else None)
+        self.topk_group = c.get("topk_group", 4 if v3 else None)
+        self.norm_topk_prob = c.get("norm_topk_prob", True if v3 else False)
+        self.rope_interleave = c.get("rope_interleave", True)
+        self.mlp_bias = c.get("mlp_bias", False) if not v3 else False  # DeepseekV2MLP: config.mlp_bias; V3: none
+
+
+class DeepseekAttention(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.cfg = cfg
+        h, H = cfg.hidden_size, cfg.num_attention_heads
+        self.qk_head_dim = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
+        if cfg.q_lora_rank is None:
+            self.q_proj = LoraLinear(h, H * self.qk_head_dim, False)
+        else:
+            self.q_a_proj = LoraLinear(h, cfg.q_lora_rank, False)
+            self.q_a_layernorm = RMSNorm(cfg.q_lora_rank, 1e-6)
+            self.q_b_proj = LoraLinear(cfg.q_lora_rank, H * self.qk_head_dim, False)
+        self.kv_a_proj_with_mqa = LoraLinear(h, cfg.kv_lora_rank + cfg.qk_rope_head_dim, False)
+        self.kv_a_layernorm = RMSNorm(cfg.kv_lora_rank, 1e-6)
+        self.kv_b_proj = LoraLinear(cfg.kv_lora_rank, H * (cfg.qk_nope_head_dim + cfg.v_head_dim), False)
+        self.o_proj = LoraLinear(H * cfg.v_head_dim, h, False)
+
+    def rope(self, q_pe, k_pe, freqs):
+        """V2: complex rotation of interleaved pairs in fp32; V3: (interleave then) rotate-half with cos/sin in the
+        compute dtype."""
+        if self.cfg.model_type == "deepseek_v2":
+            freqs_cis = torch.polar(torch.ones_like(freqs), freqs)  # [S, rope / 2], complex
+            acc = acc_dtype(q_pe.dtype)
+
+            def rot(x):
+                xc = torch.view_as_complex(x.to(acc).reshape(*x.shape[:-1], -1, 2))
+                return torch.view_as_real(xc * freqs_cis[None, None]).flatten(3).type_as(x)
+            return rot(q_pe), rot(k_pe)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos().to(q_pe.dtype)[None, None], emb.sin().to(q_pe.dtype)[None, None]
+        if self.cfg.rope_interleave:
+            def inter(x):
+                b, hh, s, d = x.shape
+                return x.view(b, hh, s, d // 2, 2).transpose(4, 3).reshape(b, hh, s, d)
+            q_pe, k_pe = inter(q_pe), inter(k_pe)
+        return q_pe * cos + rotate_half(q_pe) * sin, k_pe * cos + rotate_half(k_pe) * sin
+
+    def forward(self, x, freqs, mask):
+        cfg = self.cfg
+        b, s, _ = x.shape
+        if cfg.q_lora_rank is None:
+            q = self.q_proj(x)
+        else:
+            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+        q = q.view(b, s, -1, self.qk_head_dim).transpose(1, 2)
+        q_nope, q_pe = torch.split(q, [cfg.qk_nope_head_dim, cfg.qk_rope_head_dim], dim=-1)
+        compressed = self.kv_a_proj_with_mqa(x)
+        k_lat, k_pe = torch.split(compressed, [cfg.kv_lora_rank, cfg.qk_rope_head_dim], dim=-1)
+        kv = self.kv_b_proj(self.kv_a_layernorm(k_lat)).view(b, s, -1, cfg.qk_nope_head_dim + cfg.v_head_dim)
+        k_nope, v = torch.split(kv.transpose(1, 2), [cfg.qk_nope_head_dim, cfg.v_head_dim], dim=-1)
+        k_pe = k_pe.view(b, 1, s, cfg.qk_rope_head_dim)
+        q_pe, k_pe = self.rope(q_pe, k_pe, freqs)
+        k_pe = k_pe.expand(*k_nope.shape[:-1], -1)
+        q = torch.cat((q_nope, q_pe), dim=-1)
+        k = torch.cat((k_nope, k_pe), dim=-1)
+        scores = torch.matmul(q, k.transpose(2, 3)) * self.qk_head_dim ** -0.5 + mask
+        probs = F.softmax(scores, dim=-1, dtype=acc_dtype(q.dtype)).to(q.dtype)
+        out = torch.matmul(probs, v).transpose(1, 2).contiguous().reshape(b, s, -1)
+        return self.o_proj(out)
+
+
+class DeepseekGate(nn.Module):
+    """DeepseekV2MoEGate / DeepseekV3TopkRouter: returns (indices [T, k], weights [T, k] fp32)."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.cfg = cfg
+        self.weight = nn.Parameter(torch.empty(cfg.n_routed_experts, cfg.hidden_size))
+        if cfg.model_type == "deepseek_v3":
+            self.register_buffer("e_score_correction_bias", torch.zeros(cfg.n_routed_experts))
+
+    def forward(self, x):
+        cfg = self.cfg
+        E, k = cfg.n_routed_experts, cfg.num_experts_per_tok
+        acc = acc_dtype(x.dtype)
+        logits = F.linear(x.type(acc), self.weight.type(acc), None)
+        if cfg.model_type == "deepseek_v2":
+            scores = logits.softmax(dim=-1, dtype=acc)
+            if cfg.topk_method == "greedy":
+                weight, idx = torch.topk(scores, k=k, dim=-1, sorted=False)
+            elif cfg.topk_method == "group_limited_greedy":
+                group_scores = scores.view(x.shape[0], cfg.n_group, -1).max(dim=-1).values
+                group_idx = torch.topk(group_scores, k=cfg.topk_group, dim=-1, sorted=False)[1]
+                group_mask = torch.zeros_like(group_scores).scatter_(1, group_idx, 1)
+                score_mask = group_mask.unsqueeze(-1).expand(x.shape[0], cfg.n_group, E // cfg.n_group).reshape(x.shape[0], -1)
+                weight, idx = torch.topk(scores.masked_fill(~score_mask.bool(), 0.0), k=k, dim=-1, sorted=False)
+            else:
+                raise ValueError(f"deepseek_v2: topk_method {cfg.topk_method}")
+            return idx, weight * cfg.routed_scaling_factor
+        scores = logits.sigmoid()
+        with torch.no_grad():
+            choice = scores.view(-1, E) + self.e_score_correction_bias.to(acc).unsqueeze(0)
+            group_scores = choice.view(-1, cfg.n_group, E // cfg.n_group).topk(2, dim=-1)[0].sum(dim=-1)
+            group_idx = torch.topk(group_scores, k=cfg.topk_group, dim=-1, sorted=False)[1]
+            group_mask = torch.zeros_like(group_scores).scatter_(1, group_idx, 1)
+            score_mask = group_mask.unsqueeze(-1).expand(-1, cfg.n_group, E // cfg.n_group).reshape(-1, E)
+            idx = torch.topk(choice.masked_fill(~score_mask.bool(), 0.0), k=k, dim=-1, sorted=False)[1]
+        weight = scores.gather(1, idx)
+        if cfg.norm_topk_prob:
+            weight = weight / (weight.sum(dim=-1, keepdim=True) + 1e-20)
+        return idx, weight * cfg.routed_scaling_factor
+
+
+class DeepseekMoE(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.cfg = cfg
+        self.experts = nn.ModuleList(MLP(cfg, cfg.moe_intermediate_size) for _ in range(cfg.n_routed_experts))
+        self.gate = DeepseekGate(cfg)
+        if cfg.n_shared_experts is not None:
+            self.shared_experts = MLP(cfg, cfg.moe_intermediate_size * cfg.n_shared_experts)
+
+    def forward(self, x):
+        b, s, h = x.shape
+        flat = x.view(-1, h)
+        idx, weight = self.gate(flat)
+        out = torch.zeros((b * s, h), dtype=weight.dtype)  # DeepseekV3MoE: fp32 final_hidden_states
+        for e in range(self.cfg.n_routed_experts):
+            token, slot = torch.where(idx == e)
+            if token.numel() == 0:
+                continue
+            out.index_add_(0, token, self.experts[e](flat[token]) * weight[token, slot, None])
+        y = out.type(x.dtype).view(b, s, h)
+        if hasattr(self, "shared_experts"):
+            y = y + self.shared_experts(x)
+        return y
+
+
+class DeepseekDecoderLayer(nn.Module):
+    def __init__(self, cfg, layer_idx):
+        super().__init__()
+        self.self_attn = DeepseekAttention(cfg)
+        self.mlp = DeepseekMoE(cfg) if layer_idx >= cfg.first_k_dense_replace else MLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x, freqs, mask):
+        x = x + self.self_attn(self.input_layernorm(x), freqs, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DeepseekBackbone(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DeepseekDecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class DeepseekForCausalLM(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.cfg = cfg
+        self.model = DeepseekBackbone(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, input_ids):
+        s = input_ids.shape[1]
+        x = self.model.embed_tokens(input_ids)
+        inv_freq = rope_inv_freq(self.cfg, acc_dtype(x.dtype))  # over head_dim = qk_rope_head_dim
+        freqs = torch.outer(torch.arange(s, dtype=inv_freq.dtype), inv_freq)  # [S, rope / 2]
+        mask = torch.full((s, s), torch.finfo(x.dtype).min, dtype=x.dtype).triu(1)
+        for layer in self.model.layers:
+            x = layer(x, freqs, mask)
+        return self.lm_head(self.model.norm(x))
+
+    def aux_loss(self):
+        return 0.0  # neither DeepSeek MoE computes a load-balancing loss in transformers
+
+
+def load_deepseek_weights(model, tensors):
+    """load_weights, and the buffers (e_score_correction_bias) by name."""
+    tensors = dict(tensors)
+    with torch.no_grad():
+        for name, buf in model.named_buffers():
+            if name not in tensors:
+                raise ValueError(f"weights do not match the config: {name}: missing")
+            buf.copy_(tensors.pop(name))
+    load_weights(model, tensors)
+
+
+# ----------------------------------------------------------------------------------------------
 # compare: one case of the C++ test.
 
 def hf_decay_parameter_names(model, names):
@@ -965,9 +1211,14 @@ def build(case, path, dtype):
         config = json.load(f)
     if config.get("model_type") in DENSE_FAMILIES:
         model = FamilyForCausalLM(FamilyConfig(config))
+    elif config.get("model_type") in DEEPSEEK:
+        model = DeepseekForCausalLM(DeepseekConfig(config))
     else:
         model = LlamaForCausalLM(Config(config))
-    load_weights(model, safetensors_load(path("weights"))[0])
+    if config.get("model_type") in DEEPSEEK:
+        load_deepseek_weights(model, safetensors_load(path("weights"))[0])
+    else:
+        load_weights(model, safetensors_load(path("weights"))[0])
     lora_named = {}
     if case.get("adapter_dir"):
         with open(os.path.join(path("adapter_dir"), "adapter_config.json")) as f:
