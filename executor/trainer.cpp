@@ -184,6 +184,7 @@ int64_t Trainer::weight_bytes() const {
   int64_t bytes = 0;
   for (const auto& [name, p] : llama_named_parameters(model_)) bytes += p.nbytes();
   for (const auto& [name, p] : lora_named_parameters(model_)) bytes += p.nbytes();
+  for (const auto& [name, b] : llama_named_buffers(model_)) bytes += b.nbytes();  // DeepSeek-V3's score bias
   return bytes + llama_nf4_bytes(model_);
 }
 

@@ -80,9 +80,11 @@ LayerUnits layer_units(const ModelSpec& model, const TrainingSetup& setup, const
   const int64_t expert_params = moe_layer ? p.experts : 0;
   const int64_t lora = setup.method == Method::full ? 0 : lora_params(linears, setup.lora);
   const int64_t lora_x = setup.method == Method::full ? 0 : lora_params(linears, setup.lora, true);
+  // A MoE block's buffers (DeepSeek-V3's e_score_correction_bias) are stored but never trained: frozen.
+  const int64_t buffers = moe_layer ? p.buffers : 0;
   switch (setup.method) {
     case Method::full:
-      r.layer = {params, 0, 0};
+      r.layer = {params - buffers, buffers, 0};
       r.experts = {expert_params, 0, 0};
       break;
     case Method::lora:

@@ -589,7 +589,10 @@ ParamCounts count_params(const ModelSpec& m) {
     if (is_expert_role(lin.role)) p.one_expert += n / lin.instances;
   }
   if (m.attention_sinks) p.attention += m.num_heads;  // gpt-oss: sinks [num_attention_heads]
-  if (m.moe.router_score_bias) p.router += m.moe.num_experts, p.mlp += m.moe.num_experts;  // e_score_correction_bias
+  if (m.moe.router_score_bias) {  // e_score_correction_bias: a buffer
+    p.router += m.moe.num_experts, p.mlp += m.moe.num_experts;
+    p.buffers = m.moe.num_experts;
+  }
   p.experts = m.moe.num_experts * p.one_expert;
   p.norms = m.block_norms() * h;
   if (m.qk_norm == QkNorm::per_head) p.norms += 2 * m.head_dim;

@@ -177,6 +177,8 @@ struct ParamCounts {
   int64_t mlp = 0;          // gate, up, down (or gate_up, down) of one block; MoE: router + experts + shared expert
   int64_t norms = 0;        // the block's RMSNorm weights, q/k norms and MLA's latent norms included
   int64_t router = 0;       // MoE: the router (and DeepSeek-V3's score-correction bias), part of mlp
+  int64_t buffers = 0;      // MoE: what one MoE block's checkpoint holds that is not trained, part of router: DeepSeek-V3's
+                            // e_score_correction_bias (a register_buffer, num_experts), frozen under every method
   int64_t one_expert = 0;   // MoE: one routed expert's weights and biases
   int64_t experts = 0;      // MoE: the routed experts of one MoE block (num_experts x one_expert), part of mlp
   int64_t dense_per_layer = 0;  // a dense block of a MoE model (DeepSeek's first_k_dense_replace layers); = per_layer

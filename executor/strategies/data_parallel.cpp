@@ -43,6 +43,7 @@ int64_t model_weight_bytes(LlamaModel& m) {
   int64_t b = llama_nf4_bytes(m);  // QLoRA's frozen block linears
   for (const auto& u : model_units(m))
     for (const auto& t : u) b += t.slot->nbytes();
+  for (const auto& [name, t] : llama_named_buffers(m)) b += t.nbytes();  // untrained, never sharded (DeepSeek-V3)
   return b;
 }
 

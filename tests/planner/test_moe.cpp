@@ -135,6 +135,12 @@ TEST_CASE("MoE configs give the published total parameter counts exactly, and th
     // DeepSeek-V2 paper (DeepSeek-AI 2024), appendix B: DeepSeek-V2-Lite "15.7B total parameters, of which 2.4B
     // are activated for each token" (DeepSeek counts the head, not the input embedding).
     CHECK(p.active - p.embedding == 2'451'435'008);
+    // DeepseekV2MoEGate's routing as the config gives it: softmax scores, greedy top-6, weights x 1.0, not renormalised.
+    CHECK(m.moe.topk_method == "greedy");
+    CHECK(m.moe.scoring_func == "softmax");
+    CHECK(m.moe.routed_scaling_factor == 1.0);
+    CHECK_FALSE(m.moe.norm_topk_prob);
+    CHECK(p.buffers == 0);
   }
 }
 
@@ -160,6 +166,33 @@ TEST_CASE("DeepSeek-V3: 671,026,419,200 main-model parameters; its fp8 checkpoin
   CHECK(p.moe_layers == 58);
   CHECK(p.router == 7168 * 256 + 256);  // the router and its e_score_correction_bias
   CHECK(p.active - p.embedding == 36'625'618'432);
+  // The bias is a buffer (DeepseekV3TopkRouter.register_buffer): in the checkpoint, never trained, so full
+  // fine-tuning holds no gradient or optimizer state for it.
+  CHECK(p.buffers == 256);
+  ftplan::TrainingSetup full;
+  full.method = Method::full;
+  const auto t = ftplan::trainable_params(m, full);
+  CHECK(t.trainable == p.total - 58 * 256);
+  CHECK(t.frozen == 58 * 256);
+  // The router as DeepseekV3TopkRouter reads it (ftexec routes by these fields).
+  CHECK(m.moe.topk_method == "noaux_tc");
+  CHECK(m.moe.scoring_func == "sigmoid");
+  CHECK(m.moe.n_group == 8);
+  CHECK(m.moe.topk_group == 4);
+  CHECK(m.moe.routed_scaling_factor == 2.5);
+  CHECK(m.moe.norm_topk_prob);
+  CHECK(m.mla.rope_interleave);  // DeepseekV3Config's default
+  {  // bad routing keys: one line naming the key
+    nlohmann::json bad = c;
+    bad["n_group"] = 7;
+    CHECK_THROWS_WITH(ftplan::model_spec_from_json(bad, "deepseek-v3"), Contains("n_group: 7 does not divide n_routed_experts 256"));
+    bad = c;
+    bad["topk_method"] = "random";
+    CHECK_THROWS_WITH(ftplan::model_spec_from_json(bad, "deepseek-v3"), Contains("topk_method: 'random'"));
+    bad = c;
+    bad["topk_group"] = 9;
+    CHECK_THROWS_WITH(ftplan::model_spec_from_json(bad, "deepseek-v3"), Contains("topk_group: 9 exceeds n_group 8"));
+  }
   c["quantization_config"] = {{"activation_scheme", "dynamic"}, {"fmt", "e4m3"}, {"quant_method", "fp8"},
                               {"weight_block_size", {128, 128}}};
   CHECK_THROWS_WITH(ftplan::model_spec_from_json(c, "deepseek-v3"),
