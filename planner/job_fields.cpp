@@ -505,6 +505,9 @@ std::vector<std::string> exec_problems(const TrainingSetup& s, const ModelSpec& 
         problems.push_back(f + " does not divide vocab_size(" + std::to_string(model.vocab_size) +
                            "): the embedding and head are split by vocabulary");
       if (model.moe.active()) problems.push_back(f + ": ftexec's tensor parallelism splits dense Llama blocks, not experts");
+      if (model.mla.active())
+        problems.push_back(f + ": multi-head latent attention (kv_lora_rank): ftexec's tensor parallelism splits q/k/v heads, "
+                           "not q_a/kv_a latents");
       if (model.qk_norm != QkNorm::none) problems.push_back(f + ": ftexec's tensor parallelism has no q/k norms");
       // The tensor-parallel block (executor/tensor_parallel.cpp) is Llama's: anything else is refused by its field.
       if (model.fused_qkv || model.fused_gate_up)
@@ -561,6 +564,9 @@ std::vector<std::string> exec_problems(const TrainingSetup& s, const ModelSpec& 
       problems.push_back("--moe-capacity-factor (moe.capacity_factor): ftexec routes dropless (every expert takes all "
                          "its tokens, padded to the busiest expert's count)");
   }
+  if (model.mla.active() && s.attention == Attention::fused)
+    problems.push_back("--attention (attention) fused: ftexec runs multi-head latent attention (" + model.model_type +
+                       ") eager only");
   if (model.quantized.active())
     problems.push_back("--model (model): quantization_config " + model.quantized.method +
                        ": ftexec quantises to NF4 itself and does not load a pre-quantized checkpoint");

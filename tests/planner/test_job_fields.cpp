@@ -142,4 +142,14 @@ TEST_CASE("what ftexec cannot run is said before a plan is written", "[fields]")
   CHECK_THAT(p[0], Contains("--precision"));
   CHECK_THAT(p[1], Contains("--optimizer"));
   CHECK_THAT(p[2], Contains("--seq-len") && Contains("512"));
+  // DeepSeek-V2-Lite (latent attention, experts): ftexec trains the family, eager only; no tensor parallelism.
+  const ftplan::ModelSpec dsv = ftplan::load_model("deepseek-v2-lite");
+  ftplan::TrainingSetup d;
+  d.model = "deepseek-v2-lite";
+  d.seq_len = 256;
+  CHECK(ftplan::exec_problems(d, dsv).empty());
+  d.attention = ftplan::Attention::fused;
+  const auto q = ftplan::exec_problems(d, dsv);
+  REQUIRE(q.size() == 1);
+  CHECK_THAT(q[0], Contains("--attention (attention) fused") && Contains("latent attention"));
 }
