@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstdio>
@@ -126,6 +127,7 @@ int free_tcp_port() {
 
 int launch_local(const LaunchOptions& o, std::ostream& log) {
   if (!o.rank_main) throw std::logic_error("launch_local: no rank_main");
+  const double grace_s = std::min(o.grace_s, o.timeout_s);
   using Clock = std::chrono::steady_clock;
   const int port = free_tcp_port();
   std::vector<pid_t> pids(o.nproc, 0);
@@ -191,7 +193,7 @@ int launch_local(const LaunchOptions& o, std::ostream& log) {
         if (first_failed < 0) {
           first_failed = r;
           exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 3;
-          deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.grace_s));
+          deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(grace_s));
         }
       }
       continue;
@@ -201,7 +203,7 @@ int launch_local(const LaunchOptions& o, std::ostream& log) {
       std::string rest;
       for (int r = 0; r < o.nproc; ++r)
         if (!done[r]) rest += (rest.empty() ? "" : ", ") + std::to_string(r);
-      log << "ftexec: rank(s) " << rest << " still running " << o.grace_s
+      log << "ftexec: rank(s) " << rest << " still running " << grace_s
           << " s after rank " << first_failed << " failed (hung?): killing them (process group " << group << ")\n";
       ::kill(-group, SIGKILL);
       killed = true;

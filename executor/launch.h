@@ -43,7 +43,8 @@ int free_tcp_port();
 struct LaunchOptions {
   int nproc = 2;                 // ranks to start, e.g. 4
   double timeout_s = 60;         // the ranks' collective timeout: how long a hang can last
-  double grace_s = 5;            // after a failure, how long the others get to report theirs
+  double grace_s = 5;            // after a failure, how long the others get to report theirs; capped at
+                                 // timeout_s (a peer blocked on the failed rank fails within one timeout)
   // What each rank runs, in its forked child with the rank environment set; returns the exit code.
   // The launcher must not have started threads, CUDA or a process group before it forks: ftexec's
   // launcher has only parsed and checked the job (executor/main.cpp).
