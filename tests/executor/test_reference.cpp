@@ -61,7 +61,7 @@ struct RefCase {
   bool llama3_rope;                  // rope_scaling llama3 (theta 500000, factor 8, original 256)
   bool bias;                         // attention_bias and mlp_bias
   std::string targets;               // LoRA targets as --lora-targets takes them (LoRA cases)
-  std::string model_type = "llama";  // llama, qwen3, qwen3_moe, mixtral, qwen2_moe
+  std::string model_type = "llama";  // llama, qwen3, qwen3_moe, mixtral, qwen2_moe, ... gpt_oss
   bool norm_topk_prob = false;       // qwen3_moe, qwen2_moe: the top-k weights renormalised (mixtral: always)
   std::string config_file;           // a config of tests/data/models/ (the dense families beyond Llama) used as
                                      // it is; then the fields above but method and targets are not read
@@ -104,6 +104,12 @@ const std::vector<RefCase>& ref_cases() {
        false, "qkv_proj,o_proj,gate_up_proj,down_proj", "phi3", false, "tiny-phi3.json"},
       {"olmo2 full: post-norms only, q/k norms over the whole projection", ftplan::Method::full, false, 2, false,
        false, "", "olmo2", false, "tiny-olmo2.json"},
+      // gpt-oss (tests/data/models/tiny-gpt-oss.json): sinks, YaRN, biases, fused experts with the clamped GLU.
+      {"gpt_oss full: sinks, YaRN x4, window 8 on layer 0, q/k/v/o biases, 4 fused experts top 2 (softmax after "
+       "top-k), GLU clamped at 1.0, aux loss",
+       ftplan::Method::full, false, 2, false, true, "", "gpt_oss", false, "tiny-gpt-oss.json"},
+      {"gpt_oss lora q,k,v,o", ftplan::Method::lora, false, 2, false, true, "q_proj,k_proj,v_proj,o_proj", "gpt_oss",
+       false, "tiny-gpt-oss.json"},
   };
   return cases;
 }
