@@ -553,18 +553,18 @@ TEST_CASE("gpt-oss: mxfp4 experts are dequantised on load as transformers does; 
     at::Tensor blocks = at::zeros({1, 2, 1, 16}, at::kByte), scales = at::zeros({1, 2, 1}, at::kByte);
     // row 0, scale 128 (x2): 0x21 -> codes 1, 2 (+0.5, +1); 0xF8 -> codes 8, 15 (-0, -6); 0x7A -> 10, 7 (-1, +6)
     blocks[0][0][0][0] = 0x21, blocks[0][0][0][1] = 0xF8, blocks[0][0][0][2] = 0x7A, scales[0][0][0] = 128;
-    // row 1, scale 125 (x1/8): 0x43 -> codes 3, 4 (+1.5, +2); byte 15 = 0x0E -> codes 14, 0 (-4, +0)
+    // row 1, scale 125 (x1/4): 0x43 -> codes 3, 4 (+1.5, +2); byte 15 = 0x0E -> codes 14, 0 (-4, +0)
     blocks[0][1][0][0] = 0x43, blocks[0][1][0][15] = 0x0E, scales[0][1][0] = 125;
     const at::Tensor w = ftexec::mxfp4_dequantize(blocks, scales, at::kFloat);
     REQUIRE(w.sizes() == at::IntArrayRef({1, 32, 2}));
     const std::vector<float> row0{1.0f, 2.0f, -0.0f, -12.0f, -2.0f, 12.0f, 0.0f};
     for (int64_t i = 0; i < 7; ++i) CHECK(w[0][i][0].item<float>() == row0[size_t(i)]);
     CHECK(std::signbit(w[0][2][0].item<float>()));  // -0.0 stays negative zero, as FP4_VALUES[8]
-    CHECK(w[0][0][1].item<float>() == 0.1875f);
-    CHECK(w[0][1][1].item<float>() == 0.25f);
-    CHECK(w[0][30][1].item<float>() == -0.5f);
+    CHECK(w[0][0][1].item<float>() == 0.375f);
+    CHECK(w[0][1][1].item<float>() == 0.5f);
+    CHECK(w[0][30][1].item<float>() == -1.0f);
     CHECK(w[0][31][1].item<float>() == 0.0f);
-    CHECK(w.abs().sum().item<float>() == 1 + 2 + 12 + 2 + 12 + 0.1875f + 0.25f + 0.5f);
+    CHECK(w.abs().sum().item<float>() == 1 + 2 + 12 + 2 + 12 + 0.375f + 0.5f + 1.0f);
   }
   SECTION("a hub-style checkpoint (experts as *_blocks / *_scales) loads into the config's experts, and saves bf16/fp32 names") {
     const auto spec = spec_of(kGptOss);
