@@ -525,7 +525,10 @@ std::vector<double> rope_inv_freq(const ftplan::ModelSpec& s, int64_t seq_len) {
     // transformers modeling_rope_utils.py _compute_yarn_parameters (the version with `truncate`, as gpt-oss reads
     // it): dimensions rotating more than beta_fast times over original_max_position_embeddings keep their
     // frequency, fewer than beta_slow times are divided by factor, a linear ramp between (floor/ceil of the
-    // correction range when truncate).
+    // correction range when truncate). Some transformers versions (the DeepSeek-V3 note in the same function)
+    // replace factor by max_position_embeddings / original_max_position_embeddings when the latter is given;
+    // gpt-oss's published config (131072 / 4096 = 32 = factor) and tests/data/models/tiny-gpt-oss.json (8192 / 2048
+    // = 4 = factor) agree under both readings.
     const double original = rs.original_max_position > 0 ? double(rs.original_max_position) : double(s.max_position_embeddings);
     auto correction_dim = [&](double rotations) {
       return double(d) * std::log(original / (rotations * 2 * M_PI)) / (2 * std::log(s.rope_theta));

@@ -167,7 +167,9 @@ void read_moe(const nlohmann::json& c, const ModelFamily& f, const std::string& 
   e.fused_expert_params = row.fused_expert_params;
   e.expert_names = row.expert_names;
   e.softmax_after_topk = row.softmax_after_topk;
-  // gpt-oss: GptOssConfig.swiglu_limit (default 7.0), the clamp of GptOssExperts / Mxfp4GptOssExperts.
+  // gpt-oss: GptOssConfig.swiglu_limit (default 7.0), the clamp Mxfp4GptOssExperts reads (transformers
+  // integrations/mxfp4.py @ 93a1c400, getattr(config, "swiglu_limit", 7.0)); GptOssExperts at 6edf5b31 hard-codes
+  // 7.0, the same for every published config.
   if (row.clamped_glu) e.swiglu_limit = read_number_or(c, "swiglu_limit", 7.0, where, 1e-6, 1e6);
   e.aux_loss_coef = read_number_or(c, row.aux_coef_key.c_str(), 0.0, where, 0.0, 1e6);
   e.output_router_logits = read_bool_or(c, "output_router_logits", false, where);

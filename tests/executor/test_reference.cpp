@@ -52,7 +52,9 @@ namespace {
 // others 4 experts of width 48, top 2, with the load-balancing loss (coefficient 0.02). Mixtral: 2 layers
 // of 4 experts w1/w3/w2 of width 48 (block_sparse_moe), top 2 always renormalised, the same loss.
 // Qwen2-MoE: 4 layers, MoE on layers 1 and 3 (decoder_sparse_step 2), 4 experts of width 48 plus a shared
-// expert of width 80 scaled by its sigmoid gate, q/k/v biases, the same loss.
+// expert of width 80 scaled by its sigmoid gate, q/k/v biases, the same loss. gpt-oss (tiny-gpt-oss.json): attention
+// sinks, YaRN x4, a window of 8 on layer 0, q/k/v/o biases, 4 fused experts of width 32 with biases, top 2 with the
+// softmax after top-k, the GLU clamped at 1.0 (so that the clamp acts), the same loss on the router scores.
 struct RefCase {
   std::string name;
   ftplan::Method method;
