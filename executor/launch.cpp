@@ -8,9 +8,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
+#include <iostream>
+#include <stdexcept>
 #include <ostream>
 #include <thread>
 
@@ -121,13 +125,18 @@ int free_tcp_port() {
   return port;
 }
 
-int launch_local(const LaunchOptions& o, const std::vector<std::string>& args, std::ostream& log) {
+int launch_local(const LaunchOptions& o, std::ostream& log) {
+  if (!o.rank_main) throw std::logic_error("launch_local: no rank_main");
+  const double grace_s = std::min(o.grace_s, o.timeout_s);
   using Clock = std::chrono::steady_clock;
   const int port = free_tcp_port();
   std::vector<pid_t> pids(o.nproc, 0);
   std::vector<bool> done(o.nproc, false);
   pid_t group = 0;
   const pid_t parent = ::getpid();
+  std::cout.flush();  // a child must not write the launcher's buffered output again
+  std::cerr.flush();
+  std::fflush(nullptr);
   for (int r = 0; r < o.nproc; ++r) {
     const pid_t pid = ::fork();
     if (pid < 0) {
@@ -147,13 +156,11 @@ int launch_local(const LaunchOptions& o, const std::vector<std::string>& args, s
       ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
       ::setenv("FTEXEC_LAUNCHER", "1", 1);
       ::unsetenv("TORCHELASTIC_USE_AGENT_STORE");
-      std::vector<char*> argv;
-      argv.push_back(const_cast<char*>("ftexec"));
-      for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-      argv.push_back(nullptr);
-      ::execv(o.executable.c_str(), argv.data());
-      std::fprintf(stderr, "ftexec: rank %d: exec failed: %s\n", r, std::strerror(errno));
-      std::_Exit(3);
+      const int code = o.rank_main();
+      std::cout.flush();
+      std::cerr.flush();
+      std::fflush(nullptr);
+      std::exit(code);  // as the rank's own main would return: static destructors run
     }
     if (group == 0) group = pid;
     ::setpgid(pid, group);  // also from the parent: no race with the child's own call
@@ -186,7 +193,7 @@ int launch_local(const LaunchOptions& o, const std::vector<std::string>& args, s
         if (first_failed < 0) {
           first_failed = r;
           exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 3;
-          deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.grace_s));
+          deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(grace_s));
         }
       }
       continue;
@@ -196,7 +203,7 @@ int launch_local(const LaunchOptions& o, const std::vector<std::string>& args, s
       std::string rest;
       for (int r = 0; r < o.nproc; ++r)
         if (!done[r]) rest += (rest.empty() ? "" : ", ") + std::to_string(r);
-      log << "ftexec: rank(s) " << rest << " still running " << o.grace_s
+      log << "ftexec: rank(s) " << rest << " still running " << grace_s
           << " s after rank " << first_failed << " failed (hung?): killing them (process group " << group << ")\n";
       ::kill(-group, SIGKILL);
       killed = true;

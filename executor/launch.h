@@ -8,12 +8,15 @@
 //   OpenMPI (mpirun)            OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE + MASTER_ADDR/PORT
 //   none                        one process, rank 0 of 1
 //
-// The local launcher executes the rank binary (LaunchOptions::executable) N times with the first
-// set, each child in one process group and killed with the launcher (PR_SET_PDEATHSIG). It waits for all of them; when one fails it
+// The local launcher forks N ranks with the first set, each child in one process group and killed
+// with the launcher (PR_SET_PDEATHSIG). A child runs LaunchOptions::rank_main and exits with its code:
+// no exec, so the ranks share the launcher's loaded libraries (LibTorch's start-up, ~0.6 s of CPU per
+// process with Debian's build, is paid once per run instead of once per rank). It waits for all of them; when one fails it
 // gives the others a grace period to report (they notice a dead peer at once, a hung one within the
 // collective timeout), then kills the group, says which rank failed and how, and returns non-zero.
 #pragma once
 
+#include <functional>
 #include <iosfwd>
 #include <string>
 #include <vector>
@@ -40,15 +43,17 @@ int free_tcp_port();
 struct LaunchOptions {
   int nproc = 2;                 // ranks to start, e.g. 4
   double timeout_s = 60;         // the ranks' collective timeout: how long a hang can last
-  double grace_s = 5;            // after a failure, how long the others get to report theirs
-  // The binary each rank runs: this one by default; the LibTorch-free front (`ftexec`) starts the
-  // LibTorch worker (`ftexec-worker`, executor/main.cpp) so that the launcher never loads LibTorch.
-  std::string executable = "/proc/self/exe";
+  double grace_s = 5;            // after a failure, how long the others get to report theirs; capped at
+                                 // timeout_s (a peer blocked on the failed rank fails within one timeout)
+  // What each rank runs, in its forked child with the rank environment set; returns the exit code.
+  // The launcher must not have started threads, CUDA or a process group before it forks: ftexec's
+  // launcher has only parsed and checked the job (executor/main.cpp).
+  std::function<int()> rank_main;
 };
 
-// Starts `nproc` copies of options.executable with `args` (argv without argv[0]) and the rank
-// environment, waits, and returns the exit code: 0 when every rank succeeded, else the first
-// failure's (3 when it was killed by a signal). Writes what happened to `log` (stderr).
-int launch_local(const LaunchOptions& options, const std::vector<std::string>& args, std::ostream& log);
+// Forks `nproc` ranks that run options.rank_main with the rank environment, waits, and returns the
+// exit code: 0 when every rank succeeded, else the first failure's (3 when it was killed by a
+// signal). Writes what happened to `log` (stderr).
+int launch_local(const LaunchOptions& options, std::ostream& log);
 
 }  // namespace ftexec

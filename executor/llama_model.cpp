@@ -4,6 +4,7 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <limits>
@@ -16,6 +17,7 @@
 
 #include "executor/context_parallel.h"
 #include "executor/lora.h"
+#include "executor/mxfp4.h"
 #include "executor/tensor_parallel.h"
 #include "executor/torch_compat.h"
 #include "planner/errors.h"
@@ -120,6 +122,8 @@ std::pair<at::Tensor, at::Tensor> rope_tables(const ftplan::ModelSpec& spec, int
   at::Tensor pos = at::arange(seq_len, at::TensorOptions().dtype(at::kFloat));
   at::Tensor freqs = at::outer(pos, inv_freq);    // [S, d/2], fp32 as HF computes it
   at::Tensor emb = at::cat({freqs, freqs}, -1);  // [S, d]
+  const double scaling = rope_attention_scaling(spec);  // YaRN: cos and sin scaled in fp32, then cast
+  if (scaling != 1.0) return {(emb.cos() * scaling).to(opts), (emb.sin() * scaling).to(opts)};
   return {emb.cos().to(opts), emb.sin().to(opts)};
 }
 
@@ -210,7 +214,14 @@ at::Tensor attention(LlamaModel& m, const LlamaBlock& blk, const at::Tensor& x, 
       // Gemma 2 eager_attention_forward: scores / cap, tanh, * cap, before the mask (tanh keeps its output).
       if (s.attn_logit_softcapping > 0) scores = soft_cap(scores, s.attn_logit_softcapping);
       scores.masked_fill_(mask, -std::numeric_limits<double>::infinity());
-      probs = at::softmax(scores, -1, at::kFloat);
+      if (blk.sinks.defined()) {
+        // gpt-oss eager_attention_forward: cat([scores, sinks], -1), softmax in the scores' dtype, the sink
+        // column dropped (HF also subtracts the row max first, which softmax does itself).
+        const at::Tensor sink = blk.sinks.to(scores.scalar_type()).view({1, H, 1, 1}).expand({B, H, S, 1});
+        probs = at::softmax(at::cat({scores, sink}, -1), -1).narrow(-1, 0, S);
+      } else {
+        probs = at::softmax(scores, -1, at::kFloat);
+      }
     }
     probs = probs.to(x.scalar_type());
     out = at::matmul(probs, v);
@@ -318,8 +329,13 @@ std::vector<at::Tensor> block_trainable_tensors(const LlamaBlock& blk) {
   add(blk.k_norm);
   add(blk.q_a_layernorm);
   add(blk.kv_a_layernorm);
-  if (blk.moe)
-    add(blk.moe->gate), add(blk.moe->gate_proj), add(blk.moe->up_proj), add(blk.moe->down_proj), add(blk.moe->shared_expert_gate);
+  add(blk.sinks);
+  if (blk.moe) {
+    const MoeBlock& e = *blk.moe;
+    for (const at::Tensor* t : {&e.gate, &e.gate_proj, &e.up_proj, &e.down_proj, &e.shared_expert_gate, &e.router_bias,
+                                &e.gate_up_proj, &e.gate_up_proj_bias, &e.down_proj_bias})
+      add(*t);
+  }
   for (const char* name : kLinearNames) {
     const Linear& l = block_linear(blk, name);
     add(l.weight);
@@ -520,6 +536,7 @@ std::vector<std::pair<std::string, at::Tensor*>> block_extra_tensors(LlamaBlock&
   if (b.k_norm.defined()) out.emplace_back("self_attn.k_norm.weight", &b.k_norm);
   if (b.q_a_layernorm.defined()) out.emplace_back("self_attn.q_a_layernorm.weight", &b.q_a_layernorm);
   if (b.kv_a_layernorm.defined()) out.emplace_back("self_attn.kv_a_layernorm.weight", &b.kv_a_layernorm);
+  if (b.sinks.defined()) out.emplace_back("self_attn.sinks", &b.sinks);
   if (b.moe)
     for (const auto& t : moe_named_tensors(*b.moe, spec)) out.push_back(t);
   return out;
@@ -536,6 +553,7 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> block_extra_shapes(con
   }
   if (spec.mla.q_lora_rank > 0) out.push_back({"self_attn.q_a_layernorm.weight", {spec.mla.q_lora_rank}});
   if (spec.mla.active()) out.push_back({"self_attn.kv_a_layernorm.weight", {spec.mla.kv_lora_rank}});
+  if (spec.attention_sinks) out.push_back({"self_attn.sinks", {spec.num_heads}});  // GptOssAttention.sinks
   if (moe_layer(spec, layer))
     for (const auto& t : moe_tensor_shapes(spec)) out.push_back(t);
   return out;
@@ -579,8 +597,30 @@ std::vector<double> rope_inv_freq(const ftplan::ModelSpec& s, int64_t seq_len) {
         f = (1 - smooth) * f / rs.factor + smooth * f;
       }
     }
+  } else if (rs.type == "yarn") {
+    // transformers modeling_rope_utils.py _compute_yarn_parameters (the version with `truncate`, as gpt-oss reads
+    // it): dimensions rotating more than beta_fast times over original_max_position_embeddings keep their
+    // frequency, fewer than beta_slow times are divided by factor, a linear ramp between (floor/ceil of the
+    // correction range when truncate). Some transformers versions (the DeepSeek-V3 note in the same function)
+    // replace factor by max_position_embeddings / original_max_position_embeddings when the latter is given;
+    // gpt-oss's published config (131072 / 4096 = 32 = factor) and tests/data/models/tiny-gpt-oss.json (8192 / 2048
+    // = 4 = factor) agree under both readings.
+    const double original = rs.original_max_position > 0 ? double(rs.original_max_position) : double(s.max_position_embeddings);
+    auto correction_dim = [&](double rotations) {
+      return double(d) * std::log(original / (rotations * 2 * M_PI)) / (2 * std::log(s.rope_theta));
+    };
+    double low = correction_dim(rs.beta_fast), high = correction_dim(rs.beta_slow);
+    if (rs.truncate) low = std::floor(low), high = std::ceil(high);
+    low = std::max(low, 0.0);
+    high = std::min(high, double(d - 1));
+    if (low == high) high += 0.001;  // linear_ramp_factor: "Prevent singularity"
+    for (int64_t i = 0; i < d / 2; ++i) {
+      const double ramp = std::clamp((double(i) - low) / (high - low), 0.0, 1.0);
+      const double extrapolation = 1.0 - ramp;  // inv_freq_extrapolation_factor
+      inv[size_t(i)] = inv[size_t(i)] / rs.factor * (1 - extrapolation) + inv[size_t(i)] * extrapolation;
+    }
   } else if (!rs.type.empty() && rs.type != "default" && rs.type != "dynamic") {
-    ftplan::fail_input(s.name + ": rope_scaling type \"" + rs.type + "\" is not supported by ftexec (llama3, linear, dynamic)");
+    ftplan::fail_input(s.name + ": rope_scaling type \"" + rs.type + "\" is not supported by ftexec (llama3, linear, dynamic, yarn)");
   }
   return inv;
 }
@@ -629,6 +669,13 @@ void deepseek_check(const ftplan::ModelSpec& s, const ModelOptions& options) {
 
 }  // namespace
 
+double rope_attention_scaling(const ftplan::ModelSpec& s) {
+  const auto& rs = s.rope_scaling;
+  if (rs.type != "yarn") return 1.0;
+  if (rs.attention_factor > 0) return rs.attention_factor;
+  return rs.factor <= 1 ? 1.0 : 0.1 * std::log(rs.factor) + 1.0;  // get_mscale(factor)
+}
+
 LlamaModel llama_create(const ftplan::ModelSpec& spec, const ModelOptions& options, uint64_t seed, bool random_init) {
   if (options.use_sdpa && !compat::kHasSdpa)
     ftplan::fail_input("attention fused: this libtorch (" + std::string(compat::torch_version()) +
@@ -638,12 +685,17 @@ LlamaModel llama_create(const ftplan::ModelSpec& spec, const ModelOptions& optio
                        ") is not a multiple of num_key_value_heads (" + std::to_string(spec.num_kv_heads) + ")");
   // DeepSeek's router is a bare weight (MoEGate) and its score bias a buffer: built where its routing is read.
   const bool deepseek_router = spec.moe.active() && !spec.moe.topk_method.empty();
-  if (spec.attention_sinks || (spec.moe.active() && ((spec.moe.shared_intermediate_size > 0 && spec.moe.shared_module.empty()) ||
-                                                     spec.moe.fused_expert_params || spec.moe.expert_bias ||
-                                                     (!spec.moe.router_module && !deepseek_router) || spec.moe.router_bias ||
-                                                     (spec.moe.router_score_bias && !deepseek_router))))
+  // gpt-oss's pieces come together: fused experts with biases, a bare router with a bias, softmax after top-k.
+  const bool gpt_oss_moe = spec.moe.fused_expert_params && spec.moe.expert_bias && spec.moe.router_bias &&
+                           spec.moe.softmax_after_topk && spec.moe.expert_names.size() == 2;
+  if (spec.moe.active() && ((spec.moe.shared_intermediate_size > 0 && spec.moe.shared_module.empty()) ||
+                            (!gpt_oss_moe && (spec.moe.fused_expert_params || spec.moe.expert_bias || spec.moe.router_bias ||
+                                              (!spec.moe.router_module && !deepseek_router))) ||
+                            (spec.moe.router_score_bias && !deepseek_router)))
     ftplan::fail_input(spec.name + ": model_type " + spec.model_type + ": ftexec does not build this family's block (it "
                        "trains " + ftplan::executor_family_list() + ")");
+  if (spec.attention_sinks && options.use_sdpa)  // GptOssPreTrainedModel._supports_sdpa = False
+    ftplan::fail_input(spec.name + ": attention fused: the attention sinks of " + spec.model_type + " need eager attention");
   if (spec.hidden_act != "silu" && spec.hidden_act != "gelu_pytorch_tanh")
     ftplan::fail_input(spec.name + ": hidden_act " + spec.hidden_act + ": ftexec's gated MLP runs silu and gelu_pytorch_tanh");
   if (spec.partial_rotary_factor != 1.0)
@@ -680,12 +732,17 @@ LlamaModel llama_create(const ftplan::ModelSpec& spec, const ModelOptions& optio
     }
     if (moe_layer(spec, l)) b.moe = std::make_shared<MoeBlock>();
     // q/k norms start at 1, the router and the experts N(0, 0.02) as every linear (HF _init_weights).
+    // gpt-oss (GptOssPreTrainedModel._init_weights): sinks and the router's weight and bias N(0, 0.02), the experts'
+    // biases zero.
     for (const auto& [name, shape] : block_extra_shapes(spec, l)) {
-      at::Tensor t = name.find("norm") != std::string::npos ? fill(shape, norm_init) : normal(shape);
+      at::Tensor t = name.find("norm") != std::string::npos ? fill(shape, norm_init)
+                     : ends_with(name, "_bias")            ? fill(shape, 0.0)
+                                                           : normal(shape);
       if (name == "self_attn.q_norm.weight") b.q_norm = t;
       else if (name == "self_attn.k_norm.weight") b.k_norm = t;
       else if (name == "self_attn.q_a_layernorm.weight") b.q_a_layernorm = t;
       else if (name == "self_attn.kv_a_layernorm.weight") b.kv_a_layernorm = t;
+      else if (name == "self_attn.sinks") b.sinks = t;
       else
         for (auto& [n, slot] : moe_named_tensors(*b.moe, spec))
           if (n == name) *slot = t;
@@ -784,6 +841,7 @@ std::string safetensors_dtype_of(at::ScalarType t) {
     case at::kDouble: return "F64";
     case at::kLong: return "I64";
     case at::kInt: return "I32";
+    case at::kByte: return "U8";
     default: throw std::runtime_error(std::string("no safetensors dtype for ") + c10::toString(t));
   }
 }
@@ -795,7 +853,8 @@ at::ScalarType scalar_type_of_safetensors(const std::string& dtype, const std::s
   if (dtype == "F64") return at::kDouble;
   if (dtype == "I64") return at::kLong;
   if (dtype == "I32") return at::kInt;
-  ftplan::fail_input(where + ": dtype " + dtype + " cannot be loaded (F32, BF16, F16, F64, I64, I32)");
+  if (dtype == "U8") return at::kByte;  // mxfp4 blocks and scales (gpt-oss)
+  ftplan::fail_input(where + ": dtype " + dtype + " cannot be loaded (F32, BF16, F16, F64, I64, I32, U8)");
 }
 
 SafetensorsEntry safetensors_entry(const std::string& name, const at::Tensor& t) {
@@ -854,9 +913,30 @@ void llama_load_weights(LlamaModel& m, const std::string& path_in) {
   // Check every name and shape before touching the model; collect all problems.
   std::vector<std::string> problems;
   std::set<std::string> expected_names;
+  std::map<std::string, at::Tensor> dequantized;  // gpt-oss: experts stored in mxfp4, by their bf16 name
   for (const auto& [name, shape] : llama_expected_tensors(m.spec)) {
     expected_names.insert(name);
     auto it = found.find(name);
+    if (it == found.end() && m.spec.moe.fused_expert_params && found.count(name + "_blocks")) {
+      // The hub's gpt-oss checkpoints: <name>_blocks [E, out, in/32, 16] + <name>_scales [E, out, in/32], uint8
+      // (executor/mxfp4.h), dequantised into the model's dtype as transformers' Mxfp4Config(dequantize=True).
+      const SafetensorsEntry* blocks = found.at(name + "_blocks");
+      auto sc = found.find(name + "_scales");
+      expected_names.insert(name + "_blocks");
+      expected_names.insert(name + "_scales");
+      const std::vector<int64_t> want_blocks{shape[0], shape[2], shape[1] / 32, 16}, want_scales{shape[0], shape[2], shape[1] / 32};
+      if (sc == found.end()) {
+        problems.push_back(name + "_scales is missing (" + name + "_blocks is there)");
+      } else if (shape[1] % 32 != 0 || blocks->dtype != "U8" || sc->second->dtype != "U8" || blocks->shape != want_blocks ||
+                 sc->second->shape != want_scales) {
+        problems.push_back(name + "_blocks / _scales: " + blocks->dtype + " " + shape_string(blocks->shape) + " / " +
+                           sc->second->dtype + " " + shape_string(sc->second->shape) + ", the config (" + m.spec.name +
+                           ") expects U8 " + shape_string(want_blocks) + " / U8 " + shape_string(want_scales) + " (mxfp4)");
+      } else {
+        dequantized[name] = mxfp4_dequantize(tensor_view_of(*blocks), tensor_view_of(*sc->second), m.options.dtype);
+      }
+      continue;
+    }
     if (it == found.end()) {
       problems.push_back(name + " is missing");
     } else if (it->second->shape != shape) {
@@ -884,7 +964,9 @@ void llama_load_weights(LlamaModel& m, const std::string& path_in) {
   for (auto& b : llama_named_buffers(m)) named.push_back(std::move(b));
   for (auto& [name, param] : named) {
     at::Tensor p = param;
-    p.copy_(tensor_view_of(*found.at(checkpoint_name(m.spec, name))));
+    const std::string stored = checkpoint_name(m.spec, name);
+    auto dq = dequantized.find(stored);
+    p.copy_(dq != dequantized.end() ? dq->second : tensor_view_of(*found.at(stored)));
   }
 }
 

@@ -1,6 +1,7 @@
 // A decoder of the dense families in planner/model_family.h (Llama 2/3/3.1/3.2, Mistral, Qwen2, Qwen3,
 // Gemma 2, Gemma 3 text, Phi-3/Phi-4, OLMo 2) and the mixtures of experts Qwen3-MoE, Mixtral, Qwen2-MoE (shared expert)
-// and DeepSeek-V2/V3 (multi-head latent attention, shared experts, leading dense layers) in LibTorch, built from the same
+// gpt-oss (attention sinks, YaRN RoPE, fused experts with biases: see "gpt-oss" below) and DeepSeek-V2/V3 (multi-head
+// latent attention, shared experts, leading dense layers) in LibTorch, built from the same
 // ftplan::ModelSpec the planner reads: RMSNorm (Llama's, or Gemma's x·(1 + w) in fp32, or OLMo 2's cast
 // after the scale) before and/or after attention and the MLP as the spec's norm_* fields say, RoPE
 // (default, linear, dynamic and llama3 scaling; Gemma 3's local base on sliding layers), GQA attention
@@ -21,9 +22,19 @@
 //   kept alive after it.
 // What the other blocks keep beyond that (not in the planner's formula): soft-capping's tanh outputs
 // (one per attention score, and the logits before the fp32 cast), the post-norms' inputs, OLMo 2's
-// whole-projection q/k norm inputs, GeGLU's gelu input (as SwiGLU's silu input), a sliding layer's
+// whole-projection q/k norm inputs, gpt-oss's scores joined with the sink column and its softmax in the compute
+// dtype, GeGLU's gelu input (as SwiGLU's silu input), a sliding layer's
 // mask (bool, S x S, shared by the layers); a fused qkv_proj / gate_up_proj output is one tensor
 // whose q, k, v (gate, up) are views.
+//
+// gpt-oss (transformers models/gpt_oss/modeling_gpt_oss.py @ 6edf5b311854175ff83c59179b3360beca1ceffc): GptOssRMSNorm
+// is OLMo 2's (weight·x in fp32, then the cast: norm_cast_after_scale); GptOssAttention has q/k/v/o biases
+// (attention_bias) and sinks [num_heads]: eager_attention_forward joins each head's sink logit to its scaled,
+// masked scores as one more column, takes the softmax over [scores, sink] in the scores' dtype and drops the sink
+// column (so a row's weights sum to less than 1); sliding_window on layer_types' "sliding_attention" layers;
+// GptOssRotaryEmbedding is rotate-half RoPE (_apply_rotary_emb: first_half·cos - second_half·sin, second_half·cos +
+// first_half·sin) with YaRN's inverse frequencies and cos, sin times its attention factor (rope_attention_scaling);
+// no SDPA (_supports_sdpa False: refused). The MoE block: executor/moe.h.
 #pragma once
 
 #include <cstdint>
@@ -78,6 +89,8 @@ struct LlamaBlock {
   at::Tensor q_a_layernorm;             // [q_lora_rank] (self_attn.q_a_layernorm.weight); undefined without
   at::Tensor kv_a_layernorm;            // [kv_lora_rank] (self_attn.kv_a_layernorm.weight); undefined without MLA
   std::shared_ptr<MoeBlock> moe;        // a MoE layer's router and experts (executor/moe.h), else null
+  at::Tensor sinks;                     // gpt-oss: one learned sink logit per head, [num_heads] (self_attn.sinks);
+                                        // undefined without (ModelSpec::attention_sinks)
 };
 
 struct ModelOptions {
@@ -188,6 +201,9 @@ void llama_save_weights(const LlamaModel& model, const std::string& dir);
 
 // RoPE inverse frequencies after the config's scaling (HF's _compute_*_parameters), head_dim / 2 values.
 std::vector<double> rope_inv_freq(const ftplan::ModelSpec& spec, int64_t seq_len);
+// The factor HF's rotary embedding multiplies cos and sin by (its attention_scaling): YaRN's attention factor,
+// e.g. 0.1·ln(32) + 1 = 1.3466 (gpt-oss); 1 for the other scalings.
+double rope_attention_scaling(const ftplan::ModelSpec& spec);
 
 // Mean next-token cross-entropy of input_ids [B, S] against labels [B, S] (int64, on the device;
 // label -100 is ignored). Builds the autograd graph when grad mode is on.

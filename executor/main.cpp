@@ -7,16 +7,18 @@
 // on failure nothing is written.
 //
 // Two binaries from this file. `ftexec` (FTEXEC_FRONT) links no LibTorch: it parses and checks the
-// command line, and as the --nproc launcher starts `ftexec-worker` once per rank; any other run it
-// hands to `ftexec-worker` by exec (same arguments, environment and process: exit codes and signals
-// are the worker's). `ftexec-worker` is the whole program and runs the job. Loading LibTorch (with
-// Debian's build, ~290 shared libraries: ~1 s and ~0.6 s of CPU) thus happens once per process that
-// trains, never in the launcher, and a command line refused by the checks never loads it.
+// command line and hands every run that passes to `ftexec-worker` by exec (same arguments,
+// environment and process: exit codes and signals are the worker's). `ftexec-worker` is the whole
+// program: it runs the job, or as the --nproc launcher forks the ranks (executor/launch.h), which
+// then share its loaded LibTorch. Loading LibTorch (with Debian's build, ~290 shared libraries: ~1 s
+// and ~0.6 s of CPU, almost all of it static initialisation) thus happens once per run, not once per
+// rank, and a command line refused by the checks never loads it.
 #include <limits.h>
 #include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <iostream>
 #include <optional>
 
@@ -99,23 +101,18 @@ void setup_calibrate(CLI::App& app, CalibrateCmd& o) {
   cal->callback([&o] { o.selected = true; });
 }
 
-std::vector<std::string> rank_args_;  // the command line for the ranks --nproc starts
 std::vector<char*> argv_;             // this process's whole command line (the front execs the worker with it)
 
-// The LibTorch binary that trains: ftexec-worker beside this executable (itself in the worker).
-std::string worker_binary() {
 #ifdef FTEXEC_FRONT
+// The LibTorch binary that trains: ftexec-worker beside this executable.
+std::string worker_binary() {
   char self[PATH_MAX];
   const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
   if (n <= 0) throw std::runtime_error(std::string("readlink(/proc/self/exe): ") + std::strerror(errno));
   self[n] = '\0';
   return (std::filesystem::path(self).parent_path() / "ftexec-worker").string();
-#else
-  return "/proc/self/exe";
-#endif
 }
 
-#ifdef FTEXEC_FRONT
 // The checks passed: the worker runs this very command line in this process.
 [[noreturn]] void exec_worker() {
   const std::string worker = worker_binary();
@@ -126,19 +123,34 @@ std::string worker_binary() {
 }
 #endif
 
-// Arguments for the ranks: the same command line without --nproc.
-std::vector<std::string> rank_args(int argc, char** argv) {
-  std::vector<std::string> out;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--nproc") {
-      ++i;
-      continue;
-    }
-    if (a.rfind("--nproc=", 0) == 0) continue;
-    out.push_back(a);
+// A rank of a distributed run leaves through _Exit on failure: c10d's destructors could wait on a
+// peer that is gone. (Read at exit: a rank forked by the launcher gets RANK after the launcher started.)
+int finish(int code) {
+  const bool is_rank = std::getenv("RANK") || std::getenv("SLURM_PROCID") || std::getenv("OMPI_COMM_WORLD_RANK");
+  if (is_rank && code != 0) {
+    std::cerr.flush();
+    std::cout.flush();
+    std::_Exit(code);
   }
-  return out;
+  return code;
+}
+
+// Runs a command (the whole process's, or a forked rank's) and turns what it throws into one line
+// and the exit code: 2 bad input, 3 runtime failure.
+int guarded(const std::function<int()>& body) {
+  try {
+    return finish(body());
+  } catch (const ftplan::InputError& e) {
+    // Every rank throws the same AgreedInputError; the ranks of `--nproc` share one stderr, so one
+    // line is enough: rank 0's.
+    const char* r = std::getenv("RANK");
+    const bool shared_stderr = std::getenv("FTEXEC_LAUNCHER") && r && std::string(r) != "0";
+    if (!(shared_stderr && dynamic_cast<const ftexec::AgreedInputError*>(&e))) std::cerr << "ftexec: error: " << e.what() << "\n";
+    return finish(2);
+  } catch (const std::exception& e) {  // ftexec::RuntimeFailure and anything else
+    std::cerr << "ftexec: failed: " << e.what() << "\n";
+    return finish(3);
+  }
 }
 
 int run_run(const RunOptions& o) {
@@ -212,11 +224,15 @@ int run_run(const RunOptions& o) {
     // Checked once here (the ranks check again, each on its own files): a missing checkpoint or a
     // DIR that holds another run's is one line before any rank starts.
     if (!o.dist.checkpoint_dir.empty()) ftexec::checkpoint_preflight(o.dist.checkpoint_dir, o.dist.resume);
+#ifdef FTEXEC_FRONT
+    exec_worker();  // the worker launches: it loads LibTorch once and forks the ranks from it
+#else
     ftexec::LaunchOptions lo;
     lo.nproc = nproc;
     lo.timeout_s = dist.timeout_s;
-    lo.executable = worker_binary();
-    return ftexec::launch_local(lo, rank_args_, std::cerr);
+    lo.rank_main = [&o] { return guarded([&o] { return run_run(o); }); };  // RANK set: the rank path below
+    return ftexec::launch_local(lo, std::cerr);
+#endif
   }
 #ifdef FTEXEC_FRONT
   exec_worker();
@@ -259,11 +275,15 @@ int run_calibrate(const CalibrateCmd& cmd) {
   (void)ftplan::load_hardware(hw_id);  // a bad --gpu is one line now, not after the timings
   const int nproc = static_cast<int>(f.get_int("--nproc").value_or(0));
   if (nproc > 1 && !std::getenv("RANK")) {
+#ifdef FTEXEC_FRONT
+    exec_worker();
+#else
     ftexec::LaunchOptions lo;
     lo.nproc = nproc;
     lo.timeout_s = f.get_number("--timeout-s").value_or(ftexec::DistOptions{}.timeout_s);
-    lo.executable = worker_binary();
-    return ftexec::launch_local(lo, rank_args_, std::cerr);
+    lo.rank_main = [&cmd] { return guarded([&cmd] { return run_calibrate(cmd); }); };
+    return ftexec::launch_local(lo, std::cerr);
+#endif
   }
 #ifdef FTEXEC_FRONT
   exec_worker();
@@ -295,40 +315,15 @@ int main(int argc, char** argv) {
   setup_run(app, options);
   CalibrateCmd calibrate;
   setup_calibrate(app, calibrate);
-  // A rank of a distributed run leaves through _Exit on failure: c10d's destructors could wait on a
-  // peer that is gone.
-  const bool is_rank = std::getenv("RANK") || std::getenv("SLURM_PROCID") || std::getenv("OMPI_COMM_WORLD_RANK");
-  auto finish = [&](int code) {
-    if (is_rank && code != 0) {
-      std::cerr.flush();
-      std::cout.flush();
-      std::_Exit(code);
-    }
-    return code;
-  };
   try {
     app.parse(argc, argv);
-    rank_args_ = rank_args(argc, argv);
-    argv_.assign(argv, argv + argc);
-    argv_.push_back(nullptr);
-    return finish(calibrate.selected ? run_calibrate(calibrate) : run_run(options));
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     std::cerr << "ftexec: error: " << e.what() << "\n";
     return finish(2);
-  } catch (const ftplan::InputError& e) {
-    // Every rank throws the same AgreedInputError; the ranks of `--nproc` share one stderr, so one
-    // line is enough: rank 0's.
-    const char* r = std::getenv("RANK");
-    const bool shared_stderr = std::getenv("FTEXEC_LAUNCHER") && r && std::string(r) != "0";
-    if (!(shared_stderr && dynamic_cast<const ftexec::AgreedInputError*>(&e))) std::cerr << "ftexec: error: " << e.what() << "\n";
-    return finish(2);
-  } catch (const ftexec::RuntimeFailure& e) {
-    std::cerr << "ftexec: failed: " << e.what() << "\n";
-    return finish(3);
-  } catch (const std::exception& e) {
-    std::cerr << "ftexec: failed: " << e.what() << "\n";
-    return finish(3);
   }
+  argv_.assign(argv, argv + argc);
+  argv_.push_back(nullptr);
+  return guarded([&] { return calibrate.selected ? run_calibrate(calibrate) : run_run(options); });
 }

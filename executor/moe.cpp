@@ -65,6 +65,23 @@ struct AuxLoss : public torch::autograd::Function<AuxLoss> {
   }
 };
 
+// gpt-oss's experts on the padded groups xb [E, C, hidden] (GptOssExperts.forward, its training branch, per
+// expert): gate_up = xb @ gate_up_proj + gate_up_proj_bias; gate, up = the even and odd columns; the clamped GLU
+// (swiglu_limit, alpha 1.702 as GptOssExperts.alpha); @ down_proj + down_proj_bias. Returns [E, C, hidden].
+at::Tensor fused_experts(const MoeBlock& b, const ftplan::ModelSpec& spec, const at::Tensor& xb) {
+  constexpr double kAlpha = 1.702;  // GptOssExperts.alpha (not a config key)
+  const double limit = spec.moe.swiglu_limit;
+  const at::Tensor gate_up = at::bmm(xb, b.gate_up_proj) + b.gate_up_proj_bias.unsqueeze(1);  // [E, C, 2I]
+  at::Tensor gate = gate_up.slice(-1, 0, c10::nullopt, 2);
+  at::Tensor up = gate_up.slice(-1, 1, c10::nullopt, 2);
+  if (limit > 0) {
+    gate = gate.clamp_max(limit);
+    up = up.clamp(-limit, limit);
+  }
+  const at::Tensor glu = gate * at::sigmoid(gate * kAlpha);
+  return at::bmm((up + 1) * glu, b.down_proj) + b.down_proj_bias.unsqueeze(1);  // [E, C, h]
+}
+
 }  // namespace
 
 bool moe_layer(const ftplan::ModelSpec& spec, int64_t layer) {
@@ -74,6 +91,13 @@ bool moe_layer(const ftplan::ModelSpec& spec, int64_t layer) {
 std::vector<std::pair<std::string, at::Tensor*>> moe_named_tensors(MoeBlock& b, const ftplan::ModelSpec& spec) {
   const auto& n = spec.moe.expert_names;  // gate, up, down: e.g. gate_proj, up_proj, down_proj; w1, w3, w2
   const std::string p = spec.moe.module + ".";  // e.g. "mlp.", "block_sparse_moe."
+  if (spec.moe.fused_expert_params)  // gpt-oss: GptOssMLP's router and experts, in their parameter order
+    return {{p + spec.moe.router_name + ".weight", &b.gate},
+            {p + spec.moe.router_name + ".bias", &b.router_bias},
+            {p + "experts.gate_up_proj", &b.gate_up_proj},
+            {p + "experts.gate_up_proj_bias", &b.gate_up_proj_bias},
+            {p + "experts.down_proj", &b.down_proj},
+            {p + "experts.down_proj_bias", &b.down_proj_bias}};
   std::vector<std::pair<std::string, at::Tensor*>> out{{p + spec.moe.router_name + ".weight", &b.gate},
                                                        {p + "experts.*." + n.at(0) + ".weight", &b.gate_proj},
                                                        {p + "experts.*." + n.at(1) + ".weight", &b.up_proj},
@@ -86,6 +110,13 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> moe_tensor_shapes(cons
   const int64_t E = spec.moe.num_experts, I = spec.moe.expert_intermediate_size, h = spec.hidden_size;
   const auto& n = spec.moe.expert_names;
   const std::string p = spec.moe.module + ".";
+  if (spec.moe.fused_expert_params)  // gpt-oss: GptOssTopKRouter, GptOssExperts
+    return {{p + spec.moe.router_name + ".weight", {E, h}},
+            {p + spec.moe.router_name + ".bias", {E}},
+            {p + "experts.gate_up_proj", {E, h, 2 * I}},
+            {p + "experts.gate_up_proj_bias", {E, 2 * I}},
+            {p + "experts.down_proj", {E, I, h}},
+            {p + "experts.down_proj_bias", {E, h}}};
   std::vector<std::pair<std::string, std::vector<int64_t>>> out{{p + spec.moe.router_name + ".weight", {E, h}},
                                                                 {p + "experts.*." + n.at(0) + ".weight", {E, I, h}},
                                                                 {p + "experts.*." + n.at(1) + ".weight", {E, I, h}},
@@ -144,10 +175,21 @@ MoeRouting deepseek_route(const MoeBlock& b, const ftplan::ModelSpec& spec, cons
 
 MoeRouting moe_route(const MoeBlock& b, const ftplan::ModelSpec& spec, const at::Tensor& x) {
   if (!spec.moe.topk_method.empty()) return deepseek_route(b, spec, x);
+  const int64_t k = spec.moe.top_k;
+  MoeRouting r;  // probs: what the load-balancing loss averages, [T, E] fp32
+  if (spec.moe.softmax_after_topk) {
+    // GptOssTopKRouter: logits = linear(x, weight, bias); top-k of them; softmax over the k values in their
+    // dtype; router_scores = zeros.scatter(indices, weights), which load_balancing_loss_func softmaxes again.
+    const at::Tensor logits = at::linear(x, b.gate, b.router_bias);  // [T, E]
+    at::Tensor top_v;
+    std::tie(top_v, r.top_i) = logits.topk(k, -1);
+    r.top_w = at::softmax(top_v, -1);
+    r.probs = at::softmax(at::zeros_like(logits).scatter(1, r.top_i, r.top_w), -1, at::kFloat);
+    return r;
+  }
   // The router: softmax in fp32, top-k, renormalised when the config says so, cast to the compute dtype.
-  MoeRouting r;
   r.probs = at::softmax(at::linear(x, b.gate), -1, at::kFloat);  // [T, E]
-  std::tie(r.top_w, r.top_i) = r.probs.topk(spec.moe.top_k, -1);   // [T, k]
+  std::tie(r.top_w, r.top_i) = r.probs.topk(k, -1);              // [T, k]
   if (spec.moe.norm_topk_prob) r.top_w = r.top_w / r.top_w.sum(-1, /*keepdim=*/true);
   r.top_w = r.top_w.to(x.scalar_type());
   return r;
@@ -210,9 +252,11 @@ at::Tensor moe_forward(const MoeBlock& b, const ftplan::ModelSpec& spec, const a
   // the tokens into a zero buffer with index_copy_ would keep the copied source, T x k rows, as well).
   const at::Tensor xe = at::cat({x, at::zeros({1, h}, x.options())}).index_select(0, token_of_slot);
   const at::Tensor xb = xe.view({E, C, h});
-  const at::Tensor gate = at::bmm(xb, b.gate_proj.transpose(1, 2));  // [E, C, I]
-  const at::Tensor up = at::bmm(xb, b.up_proj.transpose(1, 2));
-  const at::Tensor ye = at::bmm(at::silu(gate) * up, b.down_proj.transpose(1, 2));  // [E, C, h]
+  const at::Tensor ye = spec.moe.fused_expert_params ? fused_experts(b, spec, xb) : [&] {
+    const at::Tensor gate = at::bmm(xb, b.gate_proj.transpose(1, 2));  // [E, C, I]
+    const at::Tensor up = at::bmm(xb, b.up_proj.transpose(1, 2));
+    return at::bmm(at::silu(gate) * up, b.down_proj.transpose(1, 2));  // [E, C, h]
+  }();
   // Back to pair order, weighted, summed over each token's k experts.
   // (DeepSeek's weights are fp32: the products and the sum in fp32, then cast back, as its MoE combines them.)
   at::Tensor y = ye.view({E * C, h}).index_select(0, slot_of_pair).view({T, k, h});

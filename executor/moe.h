@@ -15,6 +15,17 @@
 // (token, slot) pairs routed to e and P_e the mean router probability of e, both over the tokens of
 // every MoE layer together; the loss adds router_aux_loss_coef times it.
 //
+// gpt-oss (transformers models/gpt_oss/modeling_gpt_oss.py @ 6edf5b311854175ff83c59179b3360beca1ceffc, GptOssTopKRouter and
+// GptOssExperts) differs in three places, each a MoeSpec field: the router has a bias and takes the softmax over
+// its k largest logits in the compute dtype (softmax_after_topk); the experts are fused input-major parameters
+// with biases (fused_expert_params), gate_up = x @ gate_up_proj[e] + bias, gate = gate_up[..., ::2], up =
+// gate_up[..., 1::2]; and the GLU is clamped (swiglu_limit): gate.clamp(max=limit), up.clamp(-limit, limit),
+// (up + 1) * gate * sigmoid(1.702 gate), then @ down_proj[e] + bias. Its load-balancing loss reads what
+// GptOssTopKRouter returns first, the router_scores (the k softmax weights scattered into zeros), which
+// load_balancing_loss_func passes through a softmax again: P_e is the mean of softmax(router_scores), not of
+// softmax(router_logits). With biases a padded row is no longer zero after the first GEMM, but it is never
+// gathered back, so it still adds nothing to the output or to any gradient.
+//
 // The experts are held as stacked tensors ([E, out, in] per projection) and run as three batched GEMMs
 // (at::bmm) over padded groups: the (token, slot) pairs are sorted by expert (a stable sort), each
 // expert's pairs gathered into its rows of an [E, C, hidden] buffer, C the busiest expert's pair count,
@@ -53,6 +64,13 @@ struct MoeBlock {
   at::Tensor score_bias;  // DeepSeek-V3: e_score_correction_bias [E] (mlp.gate.e_score_correction_bias), a buffer:
                           // it shifts the choice of experts only, has no gradient and ftexec keeps it fixed (the
                           // noaux_tc balancing update is not part of transformers' training step); undefined without
+  // gpt-oss (MoeSpec::fused_expert_params; GptOssTopKRouter, GptOssExperts): the router's bias and the experts as
+  // transformers holds them, input-major 3-D parameters; gate_proj and up_proj stay undefined and down_proj is
+  // [E, expert_intermediate, hidden] (mlp.experts.down_proj), not the per-expert nn.Linear layout above.
+  at::Tensor router_bias;         // [E] (mlp.router.bias)
+  at::Tensor gate_up_proj;        // [E, hidden, 2 x expert_intermediate], gate and up interleaved (mlp.experts.gate_up_proj)
+  at::Tensor gate_up_proj_bias;   // [E, 2 x expert_intermediate] (mlp.experts.gate_up_proj_bias)
+  at::Tensor down_proj_bias;      // [E, hidden] (mlp.experts.down_proj_bias)
 };
 
 // What one forward of the whole model leaves for the load-balancing loss (one per model; rewritten by

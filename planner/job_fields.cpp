@@ -567,9 +567,18 @@ std::vector<std::string> exec_problems(const TrainingSetup& s, const ModelSpec& 
   if (model.mla.active() && s.attention == Attention::fused)
     problems.push_back("--attention (attention) fused: ftexec runs multi-head latent attention (" + model.model_type +
                        ") eager only");
-  if (model.quantized.active())
+  if (model.quantized.active() && model.quantized.method == "mxfp4")
+    // gpt-oss's hub config: ftexec trains the dequantised model (transformers' Mxfp4Config(dequantize=True)),
+    // while the planner counts this config's experts as stored in mxfp4, so the two would not describe one job.
+    problems.push_back("--model (model): quantization_config mxfp4: ftexec trains gpt-oss dequantised (--load-weights "
+                       "reads the mxfp4 *_blocks / *_scales and dequantises them); remove quantization_config from the "
+                       "config so that the plan counts the experts as ftexec holds them");
+  else if (model.quantized.active())
     problems.push_back("--model (model): quantization_config " + model.quantized.method +
                        ": ftexec quantises to NF4 itself and does not load a pre-quantized checkpoint");
+  if (s.attention == Attention::fused && model.attention_sinks)  // GptOssPreTrainedModel._supports_sdpa = False
+    problems.push_back("--attention (attention) fused: the attention sinks of model_type " + model.model_type +
+                       " need eager attention (transformers' gpt-oss has no SDPA path); use eager");
   // Eager attention masks the sliding window and soft-caps the scores; the fused kernel is causal only.
   if (s.attention == Attention::fused && model.sliding_window > 0 && s.seq_len > model.sliding_window)
     problems.push_back("--attention (attention) fused with --seq-len (seq_len) " + std::to_string(s.seq_len) +

@@ -207,6 +207,10 @@ std::vector<ModelFamily> make_table() {
     f.moe.router_bias = true;
     f.moe.expert_bias = true;
     f.moe.fused_expert_params = true;
+    f.moe.softmax_after_topk = true;  // GptOssTopKRouter: topk(logits), softmax over the k values
+    f.moe.clamped_glu = true;         // GptOssExperts: clamp, gate * sigmoid(1.702 gate), (up + 1) * glu
+    f.norm_cast_after_scale = true;   // GptOssRMSNorm: (weight * x_fp32 * rstd).to(input_dtype)
+    f.executor_runs = true;           // executor/moe.h (fused experts, the clamped GLU), llama_model.cpp (sinks, YaRN)
     t.push_back(f);
   }
   {  // models/deepseek_v2/modeling_deepseek_v2.py (the hub's modeling_deepseek.py alike): DeepseekV2Attention, multi-head

@@ -76,6 +76,8 @@ struct MoeFamily {
   bool router_score_bias = false;   // DeepSeek-V3: e_score_correction_bias
   bool expert_bias = false;         // gpt-oss
   bool fused_expert_params = false; // gpt-oss: experts are 3D nn.Parameters, not nn.Linear
+  bool softmax_after_topk = false;  // gpt-oss: softmax over the top-k logits (MoeSpec::softmax_after_topk)
+  bool clamped_glu = false;         // gpt-oss: reads swiglu_limit (MoeSpec::swiglu_limit)
   std::string aux_coef_key = "router_aux_loss_coef";  // DeepSeek: aux_loss_alpha
   bool norm_topk_default = false;   // norm_topk_prob when the config omits it (or has no such key): Mixtral
                                     // renormalises always (true), Qwen2/3-MoE's config classes default to false
@@ -113,7 +115,8 @@ struct ModelFamily {
   std::string text_config_type;      // a multimodal wrapper: the model_type of its text_config, else ""
   std::string text_checkpoint_prefix;  // a wrapper: its checkpoints' prefix of the decoder's names, e.g. "language_model."
   bool executor_runs = false;        // ftexec builds and trains this family (llama, mistral, qwen2, qwen3, gemma2,
-                                     // gemma3_text, phi3, olmo2, mixtral, qwen2_moe, qwen3_moe, deepseek_v2, deepseek_v3)
+                                     // gemma3_text, phi3, olmo2, mixtral, qwen2_moe, qwen3_moe, gpt_oss, deepseek_v2,
+                                     // deepseek_v3)
 };
 
 // The row for a model_type, or nullptr.

@@ -35,6 +35,12 @@ RopeScaling read_rope_scaling(const nlohmann::json& rope, const std::string& whe
   scaling.high_freq_factor = read_number_or(rope, "high_freq_factor", 4.0, where, 1e-6, 1e6);
   scaling.original_max_position =
       read_int_or(rope, "original_max_position_embeddings", 0, where, 0, INT64_C(1) << 30);
+  // YaRN (transformers modeling_rope_utils.py _compute_yarn_parameters): beta_fast / beta_slow default 32 / 1,
+  // attention_factor 0.1 ln(factor) + 1 when absent, truncate true when absent.
+  scaling.beta_fast = read_number_or(rope, "beta_fast", 32.0, where, 1e-6, 1e6);
+  scaling.beta_slow = read_number_or(rope, "beta_slow", 1.0, where, 1e-6, 1e6);
+  scaling.attention_factor = read_number_or(rope, "attention_factor", 0.0, where, 0.0, 1e6);
+  scaling.truncate = read_bool_or(rope, "truncate", true, where);
   return scaling;
 }
 
@@ -190,6 +196,11 @@ void read_moe(const nlohmann::json& c, const ModelFamily& f, const std::string& 
   e.expert_bias = row.expert_bias;
   e.fused_expert_params = row.fused_expert_params;
   e.expert_names = row.expert_names;
+  e.softmax_after_topk = row.softmax_after_topk;
+  // gpt-oss: GptOssConfig.swiglu_limit (default 7.0), the clamp Mxfp4GptOssExperts reads (transformers
+  // integrations/mxfp4.py @ 93a1c400, getattr(config, "swiglu_limit", 7.0)); GptOssExperts at 6edf5b31 hard-codes
+  // 7.0, the same for every published config.
+  if (row.clamped_glu) e.swiglu_limit = read_number_or(c, "swiglu_limit", 7.0, where, 1e-6, 1e6);
   e.aux_loss_coef = read_number_or(c, row.aux_coef_key.c_str(), 0.0, where, 0.0, 1e6);
   e.output_router_logits = read_bool_or(c, "output_router_logits", false, where);
   e.norm_topk_prob = contains(f.keys, "norm_topk_prob") ? read_bool_or(c, "norm_topk_prob", row.norm_topk_default, where)

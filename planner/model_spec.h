@@ -20,11 +20,15 @@
 namespace ftplan {
 
 struct RopeScaling {
-  std::string type;                     // "" (none), "llama3", "linear", "dynamic"
+  std::string type;                     // "" (none), "llama3", "linear", "dynamic", "yarn"
   double factor = 1.0;                  // e.g. 8.0 for Llama-3.1
   double low_freq_factor = 1.0;         // llama3 only, e.g. 1.0
   double high_freq_factor = 4.0;        // llama3 only, e.g. 4.0
-  int64_t original_max_position = 0;   // llama3 only, e.g. 8192
+  int64_t original_max_position = 0;   // llama3 and yarn, e.g. 8192 (Llama 3.1), 4096 (gpt-oss)
+  double beta_fast = 32.0;              // yarn only: the fast rotation boundary, e.g. 32 (transformers' default)
+  double beta_slow = 1.0;               // yarn only: the slow rotation boundary, e.g. 1
+  double attention_factor = 0.0;        // yarn only: the cos/sin scale; 0: 0.1·ln(factor) + 1 (transformers' default)
+  bool truncate = true;                 // yarn only: floor/ceil the correction range, e.g. false (gpt-oss)
 };
 
 // RMSNorms on the queries and keys before RoPE.
@@ -70,6 +74,10 @@ struct MoeSpec {
   double aux_loss_coef = 0;              // router_aux_loss_coef (aux_loss_alpha), e.g. 0.02 (Mixtral)
   bool output_router_logits = false;     // the config's output_router_logits: transformers adds the load-balancing
                                          // loss in training (the job's moe.aux_loss defaults to it)
+  bool softmax_after_topk = false;       // gpt-oss (GptOssTopKRouter): softmax over the k largest logits in the compute
+                                         // dtype, instead of top-k of the softmax over all experts
+  double swiglu_limit = 0;               // gpt-oss's clamped GLU: gate <= limit, |up| <= limit, gate·sigmoid(1.702·gate)·
+                                         // (up + 1), gate and up interleaved in gate_up_proj, e.g. 7.0; 0: silu(gate)·up
   bool norm_topk_prob = false;           // the top-k routing weights renormalised to sum to 1, e.g. true (Mixtral
                                          // always; Qwen3-30B-A3B's config), false (Qwen3MoeConfig's default)
   // DeepSeek's router (read for deepseek_v2 / deepseek_v3 only; ftexec routes by them):

@@ -778,7 +778,7 @@ TEST_CASE("a rank that dies or hangs ends the run with an error naming it", "[di
     const auto r = run_ftexec(tiny_job(32, 2, 1, 6) + " --strategy ddp --nproc 2 --timeout-s 3 --fault-inject 1:3:hang --out " +
                               dir / (token + ".json"));
     INFO(r.output);
-    std::cout << "[dist][fault] hang: failed after " << r.seconds << " s (timeout 3 s + 5 s grace)\n";
+    std::cout << "[dist][fault] hang: failed after " << r.seconds << " s (timeout 3 s + 3 s grace: min(5 s, the timeout))\n";
     CHECK(r.exit_code != 0);
     CHECK(r.seconds < 20);
     CHECK_THAT(r.output, Contains("rank 1 is alive but behind"));

@@ -52,7 +52,9 @@ namespace {
 // others 4 experts of width 48, top 2, with the load-balancing loss (coefficient 0.02). Mixtral: 2 layers
 // of 4 experts w1/w3/w2 of width 48 (block_sparse_moe), top 2 always renormalised, the same loss.
 // Qwen2-MoE: 4 layers, MoE on layers 1 and 3 (decoder_sparse_step 2), 4 experts of width 48 plus a shared
-// expert of width 80 scaled by its sigmoid gate, q/k/v biases, the same loss.
+// expert of width 80 scaled by its sigmoid gate, q/k/v biases, the same loss. gpt-oss (tiny-gpt-oss.json): attention
+// sinks, YaRN x4, a window of 8 on layer 0, q/k/v/o biases, 4 fused experts of width 32 with biases, top 2 with the
+// softmax after top-k, the GLU clamped at 1.0 (so that the clamp acts), the same loss on the router scores.
 struct RefCase {
   std::string name;
   ftplan::Method method;
@@ -61,7 +63,7 @@ struct RefCase {
   bool llama3_rope;                  // rope_scaling llama3 (theta 500000, factor 8, original 256)
   bool bias;                         // attention_bias and mlp_bias
   std::string targets;               // LoRA targets as --lora-targets takes them (LoRA cases)
-  std::string model_type = "llama";  // llama, qwen3, qwen3_moe, mixtral, qwen2_moe
+  std::string model_type = "llama";  // llama, qwen3, qwen3_moe, mixtral, qwen2_moe, ... gpt_oss
   bool norm_topk_prob = false;       // qwen3_moe, qwen2_moe: the top-k weights renormalised (mixtral: always)
   std::string config_file;           // a config of tests/data/models/ (the dense families beyond Llama) used as
                                      // it is; then the fields above but method and targets are not read
@@ -155,6 +157,12 @@ const std::vector<RefCase>& ref_cases() {
        ftplan::Method::lora, false, 4, false, false, "q_a_proj,q_b_proj,kv_a_proj_with_mqa,kv_b_proj,o_proj", "deepseek_v3",
        false, "",
        {{"q_lora_rank", 24}, {"n_group", 2}, {"topk_group", 1}, {"norm_topk_prob", false}, {"rope_interleave", false}}},
+      // gpt-oss (tests/data/models/tiny-gpt-oss.json): sinks, YaRN, biases, fused experts with the clamped GLU.
+      {"gpt_oss full: sinks, YaRN x4, window 8 on layer 0, q/k/v/o biases, 4 fused experts top 2 (softmax after "
+       "top-k), GLU clamped at 1.0, aux loss",
+       ftplan::Method::full, false, 2, false, true, "", "gpt_oss", false, "tiny-gpt-oss.json"},
+      {"gpt_oss lora q,k,v,o", ftplan::Method::lora, false, 2, false, true, "q_proj,k_proj,v_proj,o_proj", "gpt_oss",
+       false, "tiny-gpt-oss.json"},
   };
   return cases;
 }

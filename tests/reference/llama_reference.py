@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""An independent reference for ftexec: a small Llama (Qwen3, Qwen3-MoE, Mixtral, Qwen2-MoE, Gemma 2/3, Phi-3, OLMo 2,
+"""An independent reference for ftexec: a small Llama (Qwen3, Qwen3-MoE, Mixtral, Qwen2-MoE, Gemma 2/3, Phi-3, OLMo 2, gpt-oss,
 DeepSeek-V2/V3) and PEFT-style LoRA in plain PyTorch.
 
 Written from the Hugging Face description of the architecture, never from ftexec's C++ model code,
@@ -53,8 +53,10 @@ itself. What each piece follows (files read, commit):
 
 The dense families beyond Llama (Gemma 2, Gemma 3 text, Phi-3/Phi-4, OLMo 2) have their own section,
 FamilyConfig / FamilyForCausalLM, written from modeling_gemma2.py, modeling_gemma3.py, modeling_phi3.py and
-modeling_olmo2.py; its header names the commits read. DeepSeek-V2/V3 too (DeepseekConfig /
-DeepseekForCausalLM, from modeling_deepseek_v2.py and modeling_deepseek_v3.py at the commits its header names).
+modeling_olmo2.py; its header names the commits read. gpt-oss has its own too (GptOssForCausalLM, from
+models/gpt_oss/modeling_gpt_oss.py @ 6edf5b311854175ff83c59179b3360beca1ceffc and _compute_yarn_parameters).
+DeepSeek-V2/V3 too (DeepseekConfig / DeepseekForCausalLM, from modeling_deepseek_v2.py and modeling_deepseek_v3.py
+at the commits its header names).
 
 The optimizer is PyTorch's own torch.optim.AdamW and clipping torch.nn.utils.clip_grad_norm_.
 
@@ -923,6 +925,240 @@ class FamilyForCausalLM(nn.Module):
 
 
 # ----------------------------------------------------------------------------------------------
+# gpt-oss, written from transformers' files (read at these commits; never from ftexec's C++):
+#
+#   models/gpt_oss/modeling_gpt_oss.py  @ 6edf5b311854175ff83c59179b3360beca1ceffc
+#       GptOssRMSNorm ((weight * x_fp32 * rsqrt(mean(x^2) + eps)).to(input_dtype)), GptOssExperts.forward (the
+#       CPU / training branch: a loop over the experts hit; gate_up = x @ gate_up_proj[e] + gate_up_proj_bias[e];
+#       gate, up = gate_up[..., ::2], gate_up[..., 1::2]; gate.clamp(max=limit), up.clamp(-limit, limit);
+#       glu = gate * sigmoid(gate * 1.702); (up + 1) * glu @ down_proj[e] + down_proj_bias[e]; times the
+#       routing weight; index_add_), GptOssTopKRouter (F.linear(x, weight, bias); topk; softmax over the k
+#       values in their dtype; router_scores = zeros.scatter_(1, indices, values)), GptOssMLP (returns
+#       router_scores, which the model records as its "router_logits"), GptOssRotaryEmbedding (cos/sin of
+#       inv_freq @ positions in fp32, times attention_scaling, cast), _apply_rotary_emb (chunk in halves:
+#       first * cos - second * sin, second * cos + first * sin), eager_attention_forward (scores * head_dim**-0.5
+#       + mask; cat with sinks.reshape(1, -1, 1, 1) as a last column; minus the row max; softmax in the logits'
+#       dtype; drop the sink column), GptOssAttention (q/k/v/o bias=attention_bias; sliding_window on
+#       layer_types[i] == "sliding_attention"), GptOssDecoderLayer, load_balancing_loss_func,
+#       GptOssForCausalLM (loss += router_aux_loss_coef * aux_loss when output_router_logits).
+#       The expert clamp: GptOssExperts hard-codes limit 7.0 at this commit, integrations/mxfp4.py
+#       (@ 93a1c400417fd8e89db9f42f8b2265e97265d75a) reads getattr(config, "swiglu_limit", 7.0): config's, as here.
+#   modeling_rope_utils.py _compute_yarn_parameters (the version that reads rope_scaling["truncate"], as
+#       gpt-oss's config has it): attention_factor = get_mscale(factor) = 0.1 ln(factor) + 1 when absent;
+#       beta_fast / beta_slow 32 / 1; find_correction_range over original_max_position_embeddings (floor /
+#       ceil only when truncate); inv_freq = inv_freq_interpolation * (1 - extrapolation_factor) +
+#       inv_freq_extrapolation * extrapolation_factor, extrapolation_factor = 1 - linear_ramp_factor.
+
+def gpt_oss_rope(cfg, seq_len, dtype):
+    """GptOssRotaryEmbedding for positions 0..seq_len-1: (cos, sin) [S, head_dim / 2] in the compute dtype."""
+    acc = acc_dtype(dtype)
+    base, dim = cfg.rope_theta, cfg.head_dim
+    rs = cfg.rope_scaling or {}
+    if rs.get("rope_type", rs.get("type", "default")) != "yarn":
+        raise ValueError("gpt_oss: the reference covers rope_type yarn")
+    factor = rs["factor"]
+    attention_factor = rs.get("attention_factor")
+    if attention_factor is None:
+        attention_factor = 1.0 if factor <= 1 else 0.1 * math.log(factor) + 1.0
+    beta_fast = rs.get("beta_fast") or 32
+    beta_slow = rs.get("beta_slow") or 1
+    original = rs.get("original_max_position_embeddings") or cfg.max_position_embeddings
+
+    def find_correction_dim(num_rotations):
+        return (dim * math.log(original / (num_rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = find_correction_dim(beta_fast), find_correction_dim(beta_slow)
+    if rs.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=acc) - low) / (high - low), 0, 1)
+    pos_freqs = base ** (torch.arange(0, dim, 2).to(acc) / dim)
+    extrapolation_factor = 1 - ramp
+    inv_freq = (1.0 / (factor * pos_freqs)) * (1 - extrapolation_factor) + (1.0 / pos_freqs) * extrapolation_factor
+    freqs = torch.outer(torch.arange(seq_len, dtype=acc), inv_freq)
+    return (freqs.cos() * attention_factor).to(dtype), (freqs.sin() * attention_factor).to(dtype)
+
+
+def gpt_oss_apply_rotary(x, cos, sin):
+    first, second = torch.chunk(x, 2, dim=-1)
+    return torch.cat((first * cos - second * sin, second * cos + first * sin), dim=-1)
+
+
+class GptOssConfig:
+    """GptOssConfig's fields (configuration_gpt_oss.py defaults where absent)."""
+
+    def __init__(self, c):
+        self.model_type = "gpt_oss"
+        self.vocab_size = c["vocab_size"]
+        self.hidden_size = c["hidden_size"]
+        self.intermediate_size = c["intermediate_size"]
+        self.num_hidden_layers = c["num_hidden_layers"]
+        self.num_attention_heads = c["num_attention_heads"]
+        self.num_key_value_heads = c["num_key_value_heads"]
+        self.head_dim = c.get("head_dim") or self.hidden_size // self.num_attention_heads
+        self.max_position_embeddings = c["max_position_embeddings"]
+        self.rms_norm_eps = c.get("rms_norm_eps", 1e-5)
+        self.rope_theta = c.get("rope_theta", 150000.0)
+        self.rope_scaling = c.get("rope_scaling")
+        self.attention_bias = c.get("attention_bias", True)
+        self.sliding_window = c.get("sliding_window", 128)
+        self.layer_types = c.get("layer_types") or [
+            "sliding_attention" if bool((i + 1) % 2) else "full_attention" for i in range(self.num_hidden_layers)]
+        self.num_local_experts = c["num_local_experts"]
+        self.num_experts_per_tok = c["num_experts_per_tok"]
+        self.swiglu_limit = c.get("swiglu_limit", 7.0)
+        self.router_aux_loss_coef = c.get("router_aux_loss_coef", 0.9)
+        self.output_router_logits = c.get("output_router_logits", False)
+        self.tie_word_embeddings = c.get("tie_word_embeddings", False)
+
+
+class GptOssRMSNorm(RMSNorm):
+    def forward(self, x):
+        h = x.to(acc_dtype(x.dtype))
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (self.weight * h).to(x.dtype)
+
+
+class GptOssAttention(nn.Module):
+    def __init__(self, cfg, layer_idx):
+        super().__init__()
+        h, d = cfg.hidden_size, cfg.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, d
+        self.q_proj = LoraLinear(h, self.num_heads * d, cfg.attention_bias)
+        self.k_proj = LoraLinear(h, self.num_kv_heads * d, cfg.attention_bias)
+        self.v_proj = LoraLinear(h, self.num_kv_heads * d, cfg.attention_bias)
+        self.o_proj = LoraLinear(self.num_heads * d, h, cfg.attention_bias)
+        self.sinks = nn.Parameter(torch.empty(self.num_heads))
+
+    def forward(self, x, cos, sin, mask):
+        b, s, _ = x.shape
+        q = self.q_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+        q, k = gpt_oss_apply_rotary(q, cos[None, None], sin[None, None]), gpt_oss_apply_rotary(k, cos[None, None], sin[None, None])
+        n_rep = self.num_heads // self.num_kv_heads
+        k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)
+        scores = torch.matmul(q, k.transpose(2, 3)) * self.head_dim ** -0.5 + mask
+        sinks = self.sinks.reshape(1, -1, 1, 1).expand(b, -1, s, -1)
+        combined = torch.cat([scores, sinks], dim=-1)
+        combined = combined - combined.max(dim=-1, keepdim=True).values
+        probs = F.softmax(combined, dim=-1, dtype=combined.dtype)[..., :-1]
+        out = torch.matmul(probs, v).transpose(1, 2).contiguous().reshape(b, s, -1)
+        return self.o_proj(out)
+
+
+class GptOssTopKRouter(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.top_k = cfg.num_experts_per_tok
+        self.weight = nn.Parameter(torch.empty(cfg.num_local_experts, cfg.hidden_size))
+        self.bias = nn.Parameter(torch.empty(cfg.num_local_experts))
+
+    def forward(self, x):
+        logits = F.linear(x, self.weight, self.bias)
+        top_value, top_index = torch.topk(logits, self.top_k, dim=-1)
+        top_value = F.softmax(top_value, dim=1, dtype=top_value.dtype)
+        return torch.zeros_like(logits).scatter_(1, top_index, top_value), top_index
+
+
+class GptOssExperts(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        e, h, i = cfg.num_local_experts, cfg.hidden_size, cfg.intermediate_size
+        self.gate_up_proj = nn.Parameter(torch.empty(e, h, 2 * i))
+        self.gate_up_proj_bias = nn.Parameter(torch.empty(e, 2 * i))
+        self.down_proj = nn.Parameter(torch.empty(e, i, h))
+        self.down_proj_bias = nn.Parameter(torch.empty(e, h))
+        self.alpha, self.limit = 1.702, cfg.swiglu_limit
+
+    def forward(self, x, router_indices, routing_weights):
+        num_experts = routing_weights.shape[1]
+        out = torch.zeros_like(x)
+        expert_mask = F.one_hot(router_indices, num_classes=num_experts + 1).permute(2, 1, 0)
+        for e in range(num_experts):
+            _, token_idx = torch.where(expert_mask[e])
+            if token_idx.numel() == 0:
+                continue
+            gate_up = x[token_idx] @ self.gate_up_proj[e] + self.gate_up_proj_bias[e]
+            gate, up = gate_up[..., ::2], gate_up[..., 1::2]
+            gate = gate.clamp(min=None, max=self.limit)
+            up = up.clamp(min=-self.limit, max=self.limit)
+            glu = gate * torch.sigmoid(gate * self.alpha)
+            y = ((up + 1) * glu) @ self.down_proj[e] + self.down_proj_bias[e]
+            out = out.index_add(0, token_idx, (y * routing_weights[token_idx, e, None]).to(x.dtype))
+        return out
+
+
+class GptOssMLP(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.router = GptOssTopKRouter(cfg)
+        self.experts = GptOssExperts(cfg)
+
+    def forward(self, x):
+        b, s, h = x.shape
+        flat = x.reshape(-1, h)
+        scores, indices = self.router(flat)
+        return self.experts(flat, indices, scores).view(b, s, h), scores
+
+
+class GptOssDecoderLayer(nn.Module):
+    def __init__(self, cfg, layer_idx):
+        super().__init__()
+        self.self_attn = GptOssAttention(cfg, layer_idx)
+        self.mlp = GptOssMLP(cfg)
+        self.input_layernorm = GptOssRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = GptOssRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.attention_type = cfg.layer_types[layer_idx]
+
+    def forward(self, x, cos, sin, masks, router_logits):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, masks[self.attention_type])
+        y, scores = self.mlp(self.post_attention_layernorm(x))
+        router_logits.append(scores)
+        return x + y
+
+
+class GptOssBackbone(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(GptOssDecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.norm = GptOssRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class GptOssForCausalLM(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.cfg = cfg
+        self.model = GptOssBackbone(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, input_ids):
+        s = input_ids.shape[1]
+        x = self.model.embed_tokens(input_ids)
+        cos, sin = gpt_oss_rope(self.cfg, s, x.dtype)
+        q_idx, kv_idx = torch.arange(s)[:, None], torch.arange(s)[None, :]
+        causal = kv_idx <= q_idx
+        visible = {"full_attention": causal, "sliding_attention": causal & (kv_idx > q_idx - self.cfg.sliding_window)}
+        minimum = torch.finfo(x.dtype).min
+        masks = {k: torch.zeros((s, s), dtype=x.dtype).masked_fill(~v, minimum) for k, v in visible.items()}
+        self.router_logits = []
+        for layer in self.model.layers:
+            x = layer(x, cos, sin, masks, self.router_logits)
+        return self.lm_head(self.model.norm(x))
+
+    def aux_loss(self):
+        if not (self.cfg.output_router_logits and self.router_logits):
+            return 0.0
+        return self.cfg.router_aux_loss_coef * load_balancing_loss(self.router_logits, self.cfg.num_local_experts,
+                                                                   self.cfg.num_experts_per_tok)
+
+
+# ----------------------------------------------------------------------------------------------
 # DeepSeek-V2 and DeepSeek-V3, each written from its transformers modeling file (read at the commits below;
 # never from ftexec's C++):
 #
@@ -1211,6 +1447,8 @@ def build(case, path, dtype):
         config = json.load(f)
     if config.get("model_type") in DENSE_FAMILIES:
         model = FamilyForCausalLM(FamilyConfig(config))
+    elif config.get("model_type") == "gpt_oss":
+        model = GptOssForCausalLM(GptOssConfig(config))
     elif config.get("model_type") in DEEPSEEK:
         model = DeepseekForCausalLM(DeepseekConfig(config))
     else:
