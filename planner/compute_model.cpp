@@ -37,6 +37,22 @@ FlopsPerToken flops_per_token(const ModelSpec& m, const TrainingSetup& setup) {
   const double keys = L > 0 ? ((L - local) * S + local * std::min(S, double(m.sliding_window))) / L : S;
   // Latent attention: QK^T over heads·(nope + rope), P·V over heads·v_head_dim.
   const double attention = m.mla.active() ? 2.0 * keys * double(m.q_dim() + m.attn_out_dim()) : 4.0 * keys * m.q_dim();
+  // What the attention kernel executes, for time (the model FLOPs above stay the MFU numerator, as
+  // PaLM's and torchtitan's MFU count them): a fused causal kernel skips the key blocks above the
+  // diagonal and outside the window (flash-attention's compute_attn_1rowblock bounds n_block_max by
+  // the causal diagonal plus window_size_right and n_block_min by window_size_left,
+  // Dao-AILab/flash-attention csrc/flash_attn/src/flash_fwd_kernel.h at
+  // 0142ff05acc56c45755638857e77e35f1c350098; FlashAttention-2, Dao 2023, sec. 3.1.1 "Causal masking"),
+  // so query i attends to min(i + 1, window) keys: over S queries, a mean of m - m^2 / (2 S) keys with
+  // m = min(S, window), S / 2 for a global layer. Eager attention computes the whole masked S x S.
+  auto causal_keys = [&](double window) {
+    const double mk = std::min(S, window);
+    return S > 0 ? mk - mk * mk / (2.0 * S) : 0.0;
+  };
+  const double keys_executed =
+      !windowed ? keys
+                : L > 0 ? ((L - local) * causal_keys(S) + local * causal_keys(double(m.sliding_window))) / L : causal_keys(S);
+  const double attention_executed = attention * (keys > 0 ? keys_executed / keys : 0.0);
   const double head = 2.0 * m.vocab_size * m.hidden_size;    // lm_head (tied or not)
   FlopsPerToken f;
   f.block_forward = L * (block_matmul + attention + lora);
@@ -46,6 +62,11 @@ FlopsPerToken flops_per_token(const ModelSpec& m, const TrainingSetup& setup) {
   f.backward = L * (2.0 * attention + (weights_train ? 2.0 : 1.0) * block_matmul + 2.0 * lora) +
                (weights_train ? 2.0 : 1.0) * head;
   f.model = f.forward + f.backward;
+  f.block_attention_executed = attention_executed;
+  const double skipped = L * (attention - attention_executed);  // forward; backward skips twice that
+  f.forward_executed = f.forward - skipped;
+  f.backward_executed = f.backward - 2.0 * skipped;
+  f.block_forward_executed = f.block_forward - skipped;
   f.block_matmul = block_matmul;
   f.block_attention = attention;
   f.block_lora = lora;
@@ -124,19 +145,19 @@ PieceRates piece_rates(const ModelSpec& m, const HardwareSpec& hw, const Trainin
 }
 
 double block_forward_s_per_token(const FlopsPerToken& f, const PieceRates& r) {
-  if (r.uniform) return (f.block_matmul + f.block_attention + f.block_lora) / r.rate;
-  return f.block_matmul / r.block_matmul + f.block_attention / r.attention + f.block_lora / r.lora;
+  if (r.uniform) return (f.block_matmul + f.block_attention_executed + f.block_lora) / r.rate;
+  return f.block_matmul / r.block_matmul + f.block_attention_executed / r.attention + f.block_lora / r.lora;
 }
 
 double forward_s_per_token(const ModelSpec& m, const FlopsPerToken& f, const PieceRates& r) {
-  if (r.uniform) return f.forward / r.rate;
+  if (r.uniform) return f.forward_executed / r.rate;
   return double(m.num_layers) * block_forward_s_per_token(f, r) + f.head / r.head;
 }
 
 double backward_s_per_token(const ModelSpec& m, const FlopsPerToken& f, const PieceRates& r) {
-  if (r.uniform) return f.backward / r.rate;
+  if (r.uniform) return f.backward_executed / r.rate;
   const double k = f.weights_train ? 2.0 : 1.0;  // as flops_per_token: input gradients, and weights' where they train
-  return double(m.num_layers) * (2.0 * f.block_attention / r.attention + k * f.block_matmul / r.block_matmul + 2.0 * f.block_lora / r.lora) +
+  return double(m.num_layers) * (2.0 * f.block_attention_executed / r.attention + k * f.block_matmul / r.block_matmul + 2.0 * f.block_lora / r.lora) +
          k * f.head / r.head;
 }
 

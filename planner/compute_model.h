@@ -31,6 +31,12 @@ struct FlopsPerToken {
   double block_expert = 0;   // the routed experts' part of block_matmul (top_k experts per token), e.g. for the
                              // busiest expert-parallel rank's extra load
   bool weights_train = false;
+  // What the kernels execute, for time: fused (flash) causal attention skips the key blocks above the
+  // diagonal and outside a sliding window, about half of a global layer's QK^T and P·V; eager attention
+  // computes them all (compute_model.cpp). Per token, like the figures above; the model FLOPs above stay
+  // the MFU numerator.
+  double block_attention_executed = 0;
+  double forward_executed = 0, backward_executed = 0, block_forward_executed = 0;
 };
 
 FlopsPerToken flops_per_token(const ModelSpec& model, const TrainingSetup& setup);

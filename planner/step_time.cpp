@@ -207,7 +207,7 @@ ShardedLayerComm sharded_layer_comm(const PlanContext& ctx, const Candidate& can
   const double act_elem = activation_bytes(setup.precision);
   const PieceRates rates = ctx.rates_for(T / double(par.cp), par.ep);
   ShardedLayerComm lc;
-  lc.attention_forward_s = ctx.flops.block_attention * T / rates.attention / static_cast<double>(par.tp * par.cp);
+  lc.attention_forward_s = ctx.flops.block_attention_executed * T / rates.attention / static_cast<double>(par.tp * par.cp);
   // Tensor parallelism (Megatron-LM, Shoeybi et al. 2019): per block two all-reduces of the activations
   // in forward (after the row-parallel o_proj and down_proj) and two in backward (the input gradients of
   // the column-parallel q/k/v and gate/up), two more when full checkpointing recomputes the forward;
@@ -280,7 +280,7 @@ StepEstimate estimate_step(const PlanContext& ctx, const Candidate& cand, const 
       const double all = h * (q + 2 * kv) + q * h + 3 * h * i;
       selective_recompute = ctx.flops.block_matmul * model.num_layers * (h * kv + q * h + h * i) / all;
     } else {
-      selective_recompute = ctx.flops.block_attention * model.num_layers;
+      selective_recompute = ctx.flops.block_attention_executed * model.num_layers;
     }
   }
 
@@ -295,8 +295,8 @@ StepEstimate estimate_step(const PlanContext& ctx, const Candidate& cand, const 
   // One micro-batch through the whole model on one GPU (its 1/(tp·cp) share).
   double forward = 0, backward = 0;
   if (rates.uniform) {
-    forward = (ctx.flops.forward + expert_extra_forward) * T / rate / split;
-    backward = (ctx.flops.backward + (ckpt ? ctx.flops.block_forward : 0) + selective_recompute + expert_extra_backward) * T / rate / split;
+    forward = (ctx.flops.forward_executed + expert_extra_forward) * T / rate / split;
+    backward = (ctx.flops.backward_executed + (ckpt ? ctx.flops.block_forward_executed : 0) + selective_recompute + expert_extra_backward) * T / rate / split;
   } else {
     // Each piece at its own rate: recompute at the forward's rates, selective recompute of the attention
     // core at attention's (of matmuls at the block matmuls'), the busiest expert rank's extra at the matmuls'.
