@@ -3,9 +3,13 @@
 #include <algorithm>
 #include <cmath>
 
+#include "planner/precision.h"
+
 namespace ftplan {
 
-FlopsPerToken flops_per_token(const ModelSpec& m, const TrainingSetup& setup) {
+FlopsPerToken flops_per_token(const ModelSpec& m, const TrainingSetup& setup) { return flops_per_token(m, setup, true); }
+
+FlopsPerToken flops_per_token(const ModelSpec& m, const TrainingSetup& setup, bool causal_blocks_skipped) {
   const double L = static_cast<double>(m.num_layers);
   double block_matmul = 0, lora = 0, expert = 0;
   // A block's matmuls per token: every linear once, a routed expert's linear top_k times (the experts the
@@ -44,13 +48,14 @@ FlopsPerToken flops_per_token(const ModelSpec& m, const TrainingSetup& setup) {
   // Dao-AILab/flash-attention csrc/flash_attn/src/flash_fwd_kernel.h at
   // 0142ff05acc56c45755638857e77e35f1c350098; FlashAttention-2, Dao 2023, sec. 3.1.1 "Causal masking"),
   // so query i attends to min(i + 1, window) keys: over S queries, a mean of m - m^2 / (2 S) keys with
-  // m = min(S, window), S / 2 for a global layer. Eager attention computes the whole masked S x S.
+  // m = min(S, window), S / 2 for a global layer. Eager attention computes the whole masked S x S, and so
+  // does a fused kernel handed an explicit mask instead of is_causal (causal_blocks_skipped false).
   auto causal_keys = [&](double window) {
     const double mk = std::min(S, window);
     return S > 0 ? mk - mk * mk / (2.0 * S) : 0.0;
   };
   const double keys_executed =
-      !windowed ? keys
+      !windowed || !causal_blocks_skipped ? keys
                 : L > 0 ? ((L - local) * causal_keys(S) + local * causal_keys(double(m.sliding_window))) / L : causal_keys(S);
   const double attention_executed = attention * (keys > 0 ? keys_executed / keys : 0.0);
   const double head = 2.0 * m.vocab_size * m.hidden_size;    // lm_head (tied or not)
@@ -165,8 +170,23 @@ double nf4_dequant_time_s(int64_t nf4_params, const HardwareSpec& hw) {
   return nf4_params * (0.516 + 2.0) / hw.hbm_bandwidth_bytes_per_s;
 }
 
-double optimizer_step_time_s(double trainable_params, const HardwareSpec& hw) {
-  return trainable_params * 28.0 / (hw.hbm_bandwidth_bytes_per_s * hw.efficiency.optimizer_bandwidth_factor);
+double optimizer_step_bytes_per_param(Precision precision, Optimizer optimizer, bool foreach) {
+  const ParamBytes b = trainable_param_bytes(precision, optimizer);
+  // The master weight's width: the optimizer bytes hold it beside the moments under mixed precision.
+  const bool master = precision == Precision::mixed || precision == Precision::mixed_fp32_grads;
+  const double P = master ? 4.0 : b.weight, G = b.gradient;
+  const double moment = precision == Precision::bf16 ? 2.0 : 4.0;
+  double step = 0;
+  switch (optimizer) {
+    case Optimizer::adamw: step = foreach ? 4 * P + 3 * G + 14 * moment : 2 * P + G + 4 * moment; break;
+    case Optimizer::adamw8bit: step = 2 * P + G + 4 * 1.0; break;  // bitsandbytes' blockwise kernel, one byte per moment
+    case Optimizer::sgd: step = foreach ? 2 * P + G + 5 * moment : 2 * P + G + 2 * moment; break;
+  }
+  return step + (master ? P + b.weight : 0.0);
+}
+
+double optimizer_step_time_s(double trainable_params, const HardwareSpec& hw, double bytes_per_param) {
+  return trainable_params * bytes_per_param / (hw.hbm_bandwidth_bytes_per_s * hw.efficiency.optimizer_bandwidth_factor);
 }
 
 }  // namespace ftplan

@@ -18,7 +18,8 @@ PlanContext prepare_plan(const ModelSpec& model, const HardwareSpec& hw, const T
   PlanContext c;
   c.group_nets = std::move(group_nets);
   c.memory = prepare_job(model, hw, setup, shape);
-  c.flops = flops_per_token(model, setup);
+  // Padded batches under a framework that passes SDPA a padding mask run every key block (framework.h).
+  c.flops = flops_per_token(model, setup, setup.packing || !c.memory.framework->padded_batches_pass_mask);
   c.num_gpus = std::max<int64_t>(1, num_gpus);
   c.net = c.group_net({c.num_gpus, 1});  // interconnect_for(hw, num_gpus), through the cache
   c.peak_flops = peak_flops(hw, setup.precision);
@@ -377,7 +378,10 @@ StepEstimate estimate_step(const PlanContext& ctx, const Candidate& cand, const 
   double tokens = G * T * static_cast<double>(par.dp());  // every data-parallel replica's micro-batches
   double per_step_exposed = 0, comm = 0, bytes = 0;
   const double model_parallel = static_cast<double>(par.tp * par.pp);
-  double optimizer = optimizer_step_time_s(ctx.trainable_params, hw) / model_parallel;
+  double optimizer = optimizer_step_time_s(ctx.trainable_params, hw,
+                                          optimizer_step_bytes_per_param(setup.precision, setup.optimizer,
+                                                                         ctx.memory.framework->optimizer_foreach)) /
+                     model_parallel;
   double compute = G * micro;
   const int64_t shard = par.shard_group();
   const Interconnect& shard_net = ctx.group_net(shard_group(par));

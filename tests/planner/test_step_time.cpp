@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <string>
+#include <tuple>
 
 #include "planner/collectives.h"
 #include "planner/compute_model.h"
@@ -259,4 +260,85 @@ TEST_CASE("DDP tokens per step and throughput", "[step]") {
   CHECK_THAT(s.step_time_s, WithinRel(s.compute_s + s.exposed_comm_s + s.optimizer_s, kExact));
   CHECK(s.mfu > 0.0);
   CHECK(s.mfu <= hw.matmul_efficiency);
+}
+
+TEST_CASE("fused causal attention is timed at the key blocks its kernel runs", "[step]") {
+  // flash-attention skips the key blocks above the causal diagonal and outside the window
+  // (compute_model.cpp): query i attends to min(i + 1, window) keys, a mean of m - m^2 / (2 S) over S
+  // queries (m = min(S, window)): S / 2 for a global layer. Eager attention computes the whole S x S.
+  // The model FLOPs (MFU) keep the whole 4·S·q_dim.
+  const auto model = load_model("llama-3-8b");
+  const double L = 32, S = 2048, q = 4096;
+  auto setup = make_setup("llama-3-8b", Method::full, 1, 2048);
+  setup.attention = Attention::fused;
+  const auto f = ftplan::flops_per_token(model, setup);
+  CHECK(f.block_attention == 4 * S * q);
+  CHECK(f.block_attention_executed == 4 * (S / 2) * q);  // 16,777,216 of 33,554,432
+  const double skipped = L * 2 * S * q;                  // per token, forward
+  CHECK_THAT(f.forward_executed, WithinRel(f.forward - skipped, kExact));
+  CHECK_THAT(f.backward_executed, WithinRel(f.backward - 2 * skipped, kExact));
+  CHECK_THAT(f.block_forward_executed, WithinRel(f.block_forward - skipped, kExact));
+  SECTION("eager attention runs every block") {
+    setup.attention = Attention::eager;
+    const auto e = ftplan::flops_per_token(model, setup);
+    CHECK(e.block_attention_executed == e.block_attention);
+    CHECK(e.forward_executed == e.forward);
+  }
+  SECTION("a sliding window: Gemma-2-9B, 21 local layers of window 4096 and 21 global, at 8192 tokens") {
+    const auto gemma = load_model("gemma-2-9b");
+    auto gs = make_setup("gemma-2-9b", Method::lora, 1, 8192);
+    gs.attention = Attention::fused;
+    // Local: 4096 - 4096^2 / (2 x 8192) = 3072 keys per query; global: 8192 / 2 = 4096; the mean 3584.
+    CHECK(ftplan::flops_per_token(gemma, gs).block_attention_executed == 4.0 * 3584 * gemma.q_dim());
+    CHECK(ftplan::flops_per_token(gemma, gs).block_attention == 4.0 * 6144 * gemma.q_dim());
+  }
+  SECTION("a padded batch that reaches SDPA with its mask runs every block (hf); torchtune passes is_causal") {
+    const auto hw = ftplan::load_hardware("a100-80gb-sxm");
+    for (const auto& [fw, packing, halved] : {std::tuple<std::string, bool, bool>{"hf", false, false},
+                                              {"hf", true, true}, {"torchtune", false, true}, {"torchtune", true, true}}) {
+      CAPTURE(fw, packing);
+      auto fs = setup;
+      fs.framework = fw;
+      fs.packing = packing;
+      const auto ctx = ftplan::prepare_plan(model, hw, fs, 1);
+      CHECK(ctx.flops.block_attention_executed == (halved ? 2 * S * q : 4 * S * q));
+    }
+  }
+  SECTION("the step's compute time counts the executed FLOPs, its MFU the model FLOPs") {
+    const auto hw = ftplan::load_hardware("a100-80gb-sxm");
+    const auto ctx = ftplan::prepare_plan(model, hw, setup, 1);
+    const auto s = ftplan::estimate_step(ctx, cand(ctx, Strategy::single, 1, Checkpointing::none, Attention::fused));
+    const double rate = hw.peak_flops_bf16 * hw.matmul_efficiency;
+    CHECK_THAT(s.compute_s, WithinRel(S * (f.model - 3 * skipped) / rate, kExact));
+    CHECK_THAT(s.flops_per_step, WithinRel(S * f.model, kExact));
+  }
+}
+
+TEST_CASE("the optimizer step's bytes per parameter follow its implementation", "[step]") {
+  using ftplan::Optimizer;
+  using ftplan::Precision;
+  // compute_model.h: fused AdamW reads p, g, m, v and writes p, m, v (2P + G + 4S); torch's foreach
+  // AdamW makes one pass per _foreach op (4P + 3G + 14S); mixed precision refreshes its bf16 copy
+  // from the fp32 master (+ 4 + 2).
+  CHECK(ftplan::optimizer_step_bytes_per_param(Precision::bf16, Optimizer::adamw, false) == 2 * 2 + 2 + 4 * 2);     // 14
+  CHECK(ftplan::optimizer_step_bytes_per_param(Precision::bf16, Optimizer::adamw, true) == 4 * 2 + 3 * 2 + 14 * 2);  // 42
+  CHECK(ftplan::optimizer_step_bytes_per_param(Precision::amp, Optimizer::adamw, true) == 4 * 4 + 3 * 4 + 14 * 4);   // 84
+  CHECK(ftplan::optimizer_step_bytes_per_param(Precision::amp, Optimizer::adamw, false) == 28);
+  CHECK(ftplan::optimizer_step_bytes_per_param(Precision::mixed, Optimizer::adamw, false) == 2 * 4 + 2 + 4 * 4 + 4 + 2);  // 32
+  // bitsandbytes' 8-bit AdamW is one kernel whatever the framework: one byte per moment.
+  CHECK(ftplan::optimizer_step_bytes_per_param(Precision::bf16, Optimizer::adamw8bit, true) == 2 * 2 + 2 + 4);  // 10
+  CHECK(ftplan::optimizer_step_bytes_per_param(Precision::bf16, Optimizer::sgd, true) == 2 * 2 + 2 + 5 * 2);     // 16
+  SECTION("the framework's implementation times the step: hf foreach, torchtune fused") {
+    const auto model = load_model("llama-3.2-3b");
+    const auto hw = ftplan::load_hardware("a100-80gb-sxm");
+    for (const auto& [fw, bytes] : {std::pair<std::string, double>{"hf", 42.0}, {"torchtune", 14.0}}) {
+      CAPTURE(fw);
+      auto setup = make_setup("llama-3.2-3b", Method::full, 1, 1024);
+      setup.framework = fw;
+      setup.precision = Precision::bf16;
+      const auto ctx = ftplan::prepare_plan(model, hw, setup, 1);
+      const auto s = ftplan::estimate_step(ctx, cand(ctx, Strategy::single, 1, Checkpointing::full, Attention::fused));
+      CHECK_THAT(s.optimizer_s, WithinRel(double(ctx.trainable_params) * bytes / hw.hbm_bandwidth_bytes_per_s, kExact));
+    }
+  }
 }
