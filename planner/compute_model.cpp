@@ -7,6 +7,14 @@
 
 namespace ftplan {
 
+double timed_row_tokens(const TrainingSetup& setup) {
+  // Issue 11's rule for variable-length data: memory from the longest batch the data can produce
+  // (dataset.max_tokens_per_row), time from the mean. Packed rows fill seq_len.
+  return !setup.packing && setup.dataset.mean_tokens_per_row > 0
+             ? std::min<double>(double(setup.dataset.mean_tokens_per_row), double(setup.seq_len))
+             : static_cast<double>(setup.seq_len);
+}
+
 FlopsPerToken flops_per_token(const ModelSpec& m, const TrainingSetup& setup) { return flops_per_token(m, setup, true); }
 
 FlopsPerToken flops_per_token(const ModelSpec& m, const TrainingSetup& setup, bool causal_blocks_skipped) {
@@ -35,7 +43,8 @@ FlopsPerToken flops_per_token(const ModelSpec& m, const TrainingSetup& setup, bo
   // QK^T and P·V, forward, one layer: 4·S·q_dim; a local layer under fused attention attends over
   // min(S, window) keys (flash-attention skips the blocks outside the window), eager attention computes
   // the whole masked S x S. The mean over the layers.
-  const double S = static_cast<double>(setup.seq_len);
+  // A query's keys run to its own row's length: the row a step is timed at (timed_row_tokens).
+  const double S = timed_row_tokens(setup);
   const bool windowed = setup.attention.value_or(Attention::fused) == Attention::fused;
   const double local = windowed ? static_cast<double>(m.num_sliding_layers()) : 0.0;
   const double keys = L > 0 ? ((L - local) * S + local * std::min(S, double(m.sliding_window))) / L : S;

@@ -39,6 +39,12 @@ struct FlopsPerToken {
   double forward_executed = 0, backward_executed = 0, block_forward_executed = 0;
 };
 
+// The row length a step is timed at: seq_len when rows are packed (or no mean is given), else the dataset's
+// mean row length (at most seq_len), padding not counted (issue 11: "memory from the longest batch the data
+// can produce; time from the mean"). Both the tokens of a micro-batch (step_time.h micro_batch_tokens) and
+// the keys a query attends over (flops_per_token's S) come from it.
+double timed_row_tokens(const TrainingSetup& setup);
+
 FlopsPerToken flops_per_token(const ModelSpec& model, const TrainingSetup& setup);
 // The same, saying whether a fused kernel may skip the blocks above the causal diagonal: false where the
 // framework hands SDPA an explicit mask (padded batches under transformers), which then runs every block;

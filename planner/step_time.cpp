@@ -150,11 +150,8 @@ double residual_bytes_of(const PlanContext& ctx) {
 
 double micro_batch_tokens(const TrainingSetup& setup, int64_t micro_batch) {
   // Packed rows fill seq_len; padded batches are timed at the mean row length where the dataset
-  // gives one (the padding is not counted).
-  const double row = !setup.packing && setup.dataset.mean_tokens_per_row > 0
-                         ? std::min<double>(setup.dataset.mean_tokens_per_row, setup.seq_len)
-                         : static_cast<double>(setup.seq_len);
-  return static_cast<double>(micro_batch) * row;
+  // gives one (the padding is not counted): compute_model.h timed_row_tokens.
+  return static_cast<double>(micro_batch) * timed_row_tokens(setup);
 }
 
 double lora_tp_bytes(const PlanContext& ctx, const Candidate& cand, double tokens, double stage_layers,

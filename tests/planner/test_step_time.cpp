@@ -10,6 +10,7 @@
 #include "planner/data_paths.h"
 #include "planner/hardware_spec.h"
 #include "planner/json_fields.h"
+#include "planner/memory_model.h"
 #include "planner/model_spec.h"
 #include "planner/step_time.h"
 #include "planner/training_setup.h"
@@ -316,6 +317,45 @@ TEST_CASE("fused causal attention is timed at the key blocks its kernel runs", "
     CHECK_THAT(s.compute_s, WithinRel(S * (f.model - 3 * skipped) / rate, kExact));
     CHECK_THAT(s.flops_per_step, WithinRel(S * f.model, kExact));
   }
+}
+
+TEST_CASE("padded batches: time from the mean row length (tokens and attention keys), memory from the longest", "[step]") {
+  // Issue 11: "memory from the longest batch the data can produce; time from the mean". Llama-3-8B, rows
+  // of 512 tokens on average, at most 2048, padded (not packed), fused attention under ftexec (is_causal).
+  const auto model = load_model("llama-3-8b");
+  const auto hw = ftplan::load_hardware("a100-80gb-sxm");
+  const double q = 4096;
+  auto setup = make_setup("llama-3-8b", Method::lora, 1, 2048);
+  setup.attention = Attention::fused;
+  setup.dataset.mean_tokens_per_row = 512;
+  setup.dataset.max_tokens_per_row = 2048;
+  CHECK(ftplan::timed_row_tokens(setup) == 512);
+  const auto f = ftplan::flops_per_token(model, setup);
+  // A query of a 512-token row attends over at most 512 keys: 4 · 512 · q_dim, the causal half executed.
+  CHECK(f.block_attention == 4 * 512 * q);
+  CHECK(f.block_attention_executed == 4 * 256 * q);
+  CHECK(ftplan::micro_batch_tokens(setup, 4) == 4 * 512);
+  auto packed = setup;
+  packed.packing = true;  // packed rows fill seq_len: 2048 keys, 4 x 2048 tokens
+  CHECK(ftplan::timed_row_tokens(packed) == 2048);
+  CHECK(ftplan::flops_per_token(model, packed).block_attention == 4 * 2048 * q);
+  CHECK(ftplan::micro_batch_tokens(packed, 4) == 4 * 2048);
+  auto no_mean = setup;
+  no_mean.dataset.mean_tokens_per_row = 0;  // no mean given: rows of seq_len
+  CHECK(ftplan::timed_row_tokens(no_mean) == 2048);
+  auto long_mean = setup;
+  long_mean.seq_len = 256;  // rows truncated to seq_len: the mean is capped there
+  CHECK(ftplan::timed_row_tokens(long_mean) == 256);
+  // The step: the mean-length rows cost their own attention, and the memory does not move with the mean.
+  const auto ctx = ftplan::prepare_plan(model, hw, setup, 1);
+  const auto ctx_no_mean = ftplan::prepare_plan(model, hw, no_mean, 1);
+  const auto c = cand(ctx, Strategy::single, 4, Checkpointing::none, Attention::fused);
+  const auto s = ftplan::estimate_step(ctx, c);
+  const auto s_no_mean = ftplan::estimate_step(ctx_no_mean, c);
+  const double rate = hw.peak_flops_bf16 * hw.matmul_efficiency;
+  CHECK_THAT(s.compute_s, WithinRel(4 * 512 * (f.forward_executed + f.backward_executed) / rate, kExact));
+  CHECK(s.compute_s < s_no_mean.compute_s / 4);  // a quarter of the tokens, each with a quarter of the keys
+  CHECK(ftplan::estimate_memory(model, hw, setup, c).per_gpu.total == ftplan::estimate_memory(model, hw, no_mean, c).per_gpu.total);
 }
 
 TEST_CASE("the optimizer step's bytes per parameter follow its implementation", "[step]") {
