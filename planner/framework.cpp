@@ -91,6 +91,8 @@ const std::vector<std::pair<std::string, Setter>>& leaves() {
          if (impl != "foreach" && impl != "fused") fail_input(n + ": '" + impl + "' is not foreach or fused");
          p.optimizer_foreach = impl == "foreach";
        }},
+      {"optimizer.grads_freed_between_steps",
+       [](P& p, const Json& v, const std::string& n) { p.grads_freed_between_steps = boolean(v, n); }},
       {"optimizer.step_transient_bytes_per_param",
        [](P& p, const Json& v, const std::string& n) { p.optimizer_step_transient_bytes_per_param = number_in(v, n, 0, 64); }},
       {"loading.host_copies", [](P& p, const Json& v, const std::string& n) { p.load_host_copies = host_copies(v, n); }},

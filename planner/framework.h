@@ -89,6 +89,10 @@ struct FrameworkProfile {
 
   // The optimizer step.
   double optimizer_step_transient_bytes_per_param = 0;  // e.g. foreach AdamW's sqrt of exp_avg_sq
+  // optimizer.grads_freed_between_steps: zero_grad(set_to_none=True) frees every gradient after the step, so
+  // backward allocates them anew, the head's first (memory_model.cpp: the forward-backward peak); false
+  // where the gradients stay allocated (zeroed in place, or in a framework's own flat buffers).
+  bool grads_freed_between_steps = false;
   bool optimizer_foreach = false;  // optimizer.implementation: "foreach" (one pass per op) or "fused" (one kernel)
 
   // Loading and saving.
