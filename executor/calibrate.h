@@ -8,7 +8,7 @@
 //                 scaled_dot_product_attention) forward + backward at [micro_batch, heads, seq_len, head_dim],
 //                 against the FLOPs the planner times that kernel at: S / 2 keys per query where it skips
 //                 the blocks above the causal diagonal (compat::sdpa_causal_skips_blocks), all S where not
-//   optimizer     ftexec's AdamW step over up to 8M parameters: the planner's bytes per parameter for
+//   optimizer     ftexec's AdamW step over 8M parameters: the planner's bytes per parameter for
 //                 it (optimizer_step_bytes_per_param at the ftexec profile's optimizer.implementation)
 //                 over the time, against the hwdb's memory bandwidth
 //   collectives   with several ranks (--nproc N): per group size 2, 4, ... N, all-reduce rings of
@@ -56,7 +56,7 @@ struct OptimizerTiming {
   double bytes_per_param = 0;  // ftplan::optimizer_step_bytes_per_param(precision, adamw, foreach)
   double factor = 0;           // bytes_per_param · params / time_s / the hwdb's HBM bandwidth, clamped to [1e-3, 4]
 };
-// ftexec's AdamW step over min(8M, max(1M, the model's parameters)) in the job's precision.
+// ftexec's AdamW step over 8M parameters (beyond the caches) in the job's precision.
 OptimizerTiming time_optimizer(const ExecJob& job, const ftplan::HardwareSpec& hw);
 nlohmann::json calibrate_device(const ExecJob& job, const std::string& hw_id, Comm& comm);
 
