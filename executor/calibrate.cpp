@@ -18,6 +18,7 @@
 #include "planner/collectives.h"
 #include "planner/compute_model.h"
 #include "planner/errors.h"
+#include "planner/framework.h"
 #include "planner/hardware_spec.h"
 
 namespace ftexec {
@@ -44,6 +45,79 @@ double time_best_s(const std::function<void()>& fn, bool cuda, double budget_s =
 }
 
 }  // namespace
+
+double timed_attention_flops(const ftplan::ModelSpec& m, int64_t batch, int64_t seq_len, bool causal_blocks_skipped) {
+  // Forward 4·keys·q_dim per query (QK^T and P·V), backward twice that; the keys a query runs: all S where
+  // the kernel computes the whole masked S x S, the causal mean S / 2 where it skips the blocks above the
+  // diagonal (planner/compute_model.cpp flops_per_token's causal_keys at an unbounded window: S - S^2 / (2 S)).
+  const double S = double(seq_len);
+  const double keys = causal_blocks_skipped ? S - S * S / (2.0 * S) : S;
+  return 3.0 * 4.0 * keys * double(m.q_dim()) * double(batch) * S;
+}
+
+AttentionTiming time_attention(const ExecJob& job, double peak_flops) {
+  const ftplan::TrainingSetup& s = job.setup;
+  const ftplan::ModelSpec& m = job.model;
+  const bool cuda = job.device.rfind("cuda", 0) == 0;
+  const at::ScalarType dtype = s.precision == ftplan::Precision::fp32 ? at::kFloat : at::kBFloat16;
+  const auto opts = at::TensorOptions().dtype(dtype).device(at::Device(job.device));
+  at::AutoGradMode grad(true);
+  AttentionTiming a;
+  a.batch = std::max<int64_t>(1, s.micro_batch.value_or(1));
+  const int64_t B = a.batch, S = s.seq_len, H = m.num_heads, d = m.head_dim;
+  at::Tensor q = at::randn({B, H, S, d}, opts).requires_grad_(true);
+  at::Tensor k = at::randn({B, H, S, d}, opts).requires_grad_(true);
+  at::Tensor v = at::randn({B, H, S, d}, opts).requires_grad_(true);
+  const double scale = 1.0 / std::sqrt(double(d));
+  // ftexec runs SDPA where the job asks for fused attention and the libtorch has it, eager otherwise
+  // (dist_run.cpp: use_sdpa).
+  a.fused = s.attention.value_or(ftplan::Attention::eager) == ftplan::Attention::fused && compat::kHasSdpa;
+  a.causal_blocks_skipped = a.fused && compat::sdpa_causal_skips_blocks(cuda);
+  at::Tensor mask = at::ones({S, S}, at::TensorOptions().dtype(at::kBool)).triu(1).to(at::Device(job.device));
+  a.time_s = time_best_s(
+      [&] {
+        at::Tensor out;
+        if (a.fused) {
+          out = compat::sdpa_causal(q, k, v, scale);
+        } else {
+          at::Tensor scores = at::matmul(q, k.transpose(2, 3));
+          scores = scores.mul(scale).masked_fill(mask, -std::numeric_limits<double>::infinity());
+          out = at::matmul(at::softmax(scores, -1, at::kFloat).to(dtype), v);
+        }
+        torch::autograd::backward({out}, {at::ones_like(out)});
+        q.mutable_grad().reset(), k.mutable_grad().reset(), v.mutable_grad().reset();
+      },
+      cuda, 0.5);
+  // Against the FLOPs the planner times this kernel at, so that its attention term reproduces the time:
+  // the executed ones where the kernel skips the causal blocks, the whole S x S where it does not.
+  a.executed_flops = timed_attention_flops(m, B, S, a.causal_blocks_skipped);
+  a.efficiency = std::clamp(a.executed_flops / a.time_s / peak_flops, 1e-4, 1.0);
+  return a;
+}
+
+OptimizerTiming time_optimizer(const ExecJob& job, const ftplan::HardwareSpec& hw) {
+  const ftplan::TrainingSetup& s = job.setup;
+  const bool cuda = job.device.rfind("cuda", 0) == 0;
+  const at::ScalarType dtype = s.precision == ftplan::Precision::fp32 ? at::kFloat : at::kBFloat16;
+  const auto opts = at::TensorOptions().dtype(dtype).device(at::Device(job.device));
+  at::NoGradGuard no_grad;
+  OptimizerTiming o;
+  // 8M parameters whatever the model: p, g, m and v alone are 128 MB in fp32, beyond a CPU's last-level cache
+  // and a GPU's L2, so the pass streams memory as a model's step does (a small model's 1M parameters stayed
+  // in a CPU's cache and ran faster than its DRAM: 130 GB/s against 84 B per parameter here).
+  o.params = INT64_C(8) << 20;
+  at::Tensor p = at::randn({o.params}, opts);
+  p.mutable_grad() = at::randn({o.params}, opts);
+  AdamW adam({p}, AdamWOptions{}, s.precision == ftplan::Precision::mixed);
+  o.time_s = time_best_s([&] { adam.step(); }, cuda, 0.5);
+  // The bytes the planner moves per parameter for this step (planner/compute_model.h
+  // optimizer_step_bytes_per_param, at ftexec's profile's optimizer.implementation), so that its optimizer
+  // term at the fitted bandwidth factor reproduces the time.
+  o.foreach = ftplan::framework_profile("ftexec").optimizer_foreach;
+  o.bytes_per_param = ftplan::optimizer_step_bytes_per_param(s.precision, ftplan::Optimizer::adamw, o.foreach);
+  o.factor = std::clamp(o.bytes_per_param * double(o.params) / o.time_s / hw.hbm_bandwidth_bytes_per_s, 1e-3, 4.0);
+  return o;
+}
 
 nlohmann::json calibrate_device(const ExecJob& job, const std::string& hw_id, Comm& comm) {
   const ftplan::HardwareSpec hw = ftplan::load_hardware(hw_id);
@@ -162,45 +236,20 @@ nlohmann::json calibrate_device(const ExecJob& job, const std::string& hw_id, Co
 
     // Attention core, forward + backward, as the model runs it.
     {
-      at::AutoGradMode grad(true);
-      const int64_t B = std::max<int64_t>(1, s.micro_batch.value_or(1)), S = s.seq_len, H = m.num_heads, d = m.head_dim;
-      at::Tensor q = at::randn({B, H, S, d}, opts).requires_grad_(true);
-      at::Tensor k = at::randn({B, H, S, d}, opts).requires_grad_(true);
-      at::Tensor v = at::randn({B, H, S, d}, opts).requires_grad_(true);
-      const double scale = 1.0 / std::sqrt(double(d));
-      const bool fused = s.attention.value_or(ftplan::Attention::eager) == ftplan::Attention::fused && compat::kHasSdpa;
-      at::Tensor mask = at::ones({S, S}, at::TensorOptions().dtype(at::kBool)).triu(1).to(at::Device(job.device));
-      const double t = time_best_s(
-          [&] {
-            at::Tensor out;
-            if (fused) {
-              out = compat::sdpa_causal(q, k, v, scale);
-            } else {
-              at::Tensor scores = at::matmul(q, k.transpose(2, 3));
-              scores = scores.mul(scale).masked_fill(mask, -std::numeric_limits<double>::infinity());
-              out = at::matmul(at::softmax(scores, -1, at::kFloat).to(dtype), v);
-            }
-            torch::autograd::backward({out}, {at::ones_like(out)});
-            q.mutable_grad().reset(), k.mutable_grad().reset(), v.mutable_grad().reset();
-          },
-          cuda, 0.5);
-      // The planner's attention FLOPs: 4·S·q_dim per token forward, twice that backward.
-      const double flops = 3.0 * 4.0 * double(S) * double(m.q_dim()) * double(B * S);
-      c.attention_efficiency = std::clamp(flops / t / peak, 1e-4, 1.0);
-      details["attention"] = {{"batch", B}, {"heads", H}, {"seq_len", S}, {"head_dim", d}, {"fused", fused},
-                              {"time_s", t}, {"efficiency", *c.attention_efficiency}};
+      const AttentionTiming a = time_attention(job, peak);
+      c.attention_efficiency = a.efficiency;
+      details["attention"] = {{"batch", a.batch}, {"heads", m.num_heads}, {"seq_len", s.seq_len}, {"head_dim", m.head_dim},
+                              {"fused", a.fused}, {"causal_blocks_skipped", a.causal_blocks_skipped},
+                              {"executed_flops", a.executed_flops}, {"time_s", a.time_s}, {"efficiency", a.efficiency}};
     }
 
     // ftexec's AdamW step.
     {
-      const int64_t n = std::min<int64_t>(INT64_C(8) << 20, std::max<int64_t>(INT64_C(1) << 20, ftplan::count_params(m).total));
-      at::Tensor p = at::randn({n}, opts);
-      p.mutable_grad() = at::randn({n}, opts);
-      AdamW adam({p}, AdamWOptions{}, s.precision == ftplan::Precision::mixed);
-      const double t = time_best_s([&] { adam.step(); }, cuda, 0.5);
-      const double bw = 28.0 * double(n) / t;
-      c.optimizer_bandwidth_factor = std::clamp(bw / hw.hbm_bandwidth_bytes_per_s, 1e-3, 4.0);
-      details["optimizer"] = {{"params", n}, {"time_s", t}, {"bytes_per_s", bw}, {"factor", c.optimizer_bandwidth_factor}};
+      const OptimizerTiming o = time_optimizer(job, hw);
+      c.optimizer_bandwidth_factor = o.factor;
+      details["optimizer"] = {{"params", o.params}, {"time_s", o.time_s}, {"bytes_per_param", o.bytes_per_param},
+                              {"implementation", o.foreach ? "foreach" : "fused"},
+                              {"bytes_per_s", o.bytes_per_param * double(o.params) / o.time_s}, {"factor", o.factor}};
     }
     c.determined.insert(c.determined.begin(), {"gemm_efficiency.16", "gemm_efficiency.64", "gemm_efficiency.512",
                                                "gemm_efficiency.4096", "attention_efficiency", "optimizer_bandwidth_factor"});

@@ -69,6 +69,17 @@ inline at::Tensor sdpa_causal(const at::Tensor& q, const at::Tensor& k, const at
 #endif
 }
 
+// Whether sdpa_causal's kernel skips the key blocks above the causal diagonal (about half of S x S, what
+// the planner times a fused causal kernel at: planner/compute_model.cpp flops_per_token): on CUDA the
+// flash and memory-efficient kernels bound each query block's keys by the diagonal (flash-attention's
+// compute_attn_1rowblock, Dao-AILab/flash-attention csrc/flash_attn/src/flash_fwd_kernel.h at
+// 0142ff05acc56c45755638857e77e35f1c350098); on CPU the flash kernel from 2.2 does too (cpu_flash_attention:
+// num_keys = is_causal ? min(m + qBlockSize, kvSize) : kvSize, pytorch/pytorch
+// aten/src/ATen/native/cpu/FlashAttentionKernel.cpp at 430c4e3b39c505f6a21e11e7e655cac8f3b53521), while
+// 2.1 on CPU runs the math path over the whole masked S x S. Without SDPA (1.13) ftexec runs eager attention,
+// which computes every block.
+inline bool sdpa_causal_skips_blocks(bool cuda) { return kHasSdpa && (cuda || FTEXEC_TORCH_AT_LEAST(2, 2)); }
+
 // ---- allocators --------------------------------------------------------------------------------
 // c10::Allocator::allocate() lost its `const` and copy_data() became pure virtual in 2.3.
 #if FTEXEC_TORCH_AT_LEAST(2, 3)

@@ -3,9 +3,21 @@
 #include <algorithm>
 #include <cmath>
 
+#include "planner/precision.h"
+
 namespace ftplan {
 
-FlopsPerToken flops_per_token(const ModelSpec& m, const TrainingSetup& setup) {
+double timed_row_tokens(const TrainingSetup& setup) {
+  // Issue 11's rule for variable-length data: memory from the longest batch the data can produce
+  // (dataset.max_tokens_per_row), time from the mean. Packed rows fill seq_len.
+  return !setup.packing && setup.dataset.mean_tokens_per_row > 0
+             ? std::min<double>(double(setup.dataset.mean_tokens_per_row), double(setup.seq_len))
+             : static_cast<double>(setup.seq_len);
+}
+
+FlopsPerToken flops_per_token(const ModelSpec& m, const TrainingSetup& setup) { return flops_per_token(m, setup, true); }
+
+FlopsPerToken flops_per_token(const ModelSpec& m, const TrainingSetup& setup, bool causal_blocks_skipped) {
   const double L = static_cast<double>(m.num_layers);
   double block_matmul = 0, lora = 0, expert = 0;
   // A block's matmuls per token: every linear once, a routed expert's linear top_k times (the experts the
@@ -31,12 +43,30 @@ FlopsPerToken flops_per_token(const ModelSpec& m, const TrainingSetup& setup) {
   // QK^T and P·V, forward, one layer: 4·S·q_dim; a local layer under fused attention attends over
   // min(S, window) keys (flash-attention skips the blocks outside the window), eager attention computes
   // the whole masked S x S. The mean over the layers.
-  const double S = static_cast<double>(setup.seq_len);
+  // A query's keys run to its own row's length: the row a step is timed at (timed_row_tokens).
+  const double S = timed_row_tokens(setup);
   const bool windowed = setup.attention.value_or(Attention::fused) == Attention::fused;
   const double local = windowed ? static_cast<double>(m.num_sliding_layers()) : 0.0;
   const double keys = L > 0 ? ((L - local) * S + local * std::min(S, double(m.sliding_window))) / L : S;
   // Latent attention: QK^T over heads·(nope + rope), P·V over heads·v_head_dim.
   const double attention = m.mla.active() ? 2.0 * keys * double(m.q_dim() + m.attn_out_dim()) : 4.0 * keys * m.q_dim();
+  // What the attention kernel executes, for time (the model FLOPs above stay the MFU numerator, as
+  // PaLM's and torchtitan's MFU count them): a fused causal kernel skips the key blocks above the
+  // diagonal and outside the window (flash-attention's compute_attn_1rowblock bounds n_block_max by
+  // the causal diagonal plus window_size_right and n_block_min by window_size_left,
+  // Dao-AILab/flash-attention csrc/flash_attn/src/flash_fwd_kernel.h at
+  // 0142ff05acc56c45755638857e77e35f1c350098; FlashAttention-2, Dao 2023, sec. 3.1.1 "Causal masking"),
+  // so query i attends to min(i + 1, window) keys: over S queries, a mean of m - m^2 / (2 S) keys with
+  // m = min(S, window), S / 2 for a global layer. Eager attention computes the whole masked S x S, and so
+  // does a fused kernel handed an explicit mask instead of is_causal (causal_blocks_skipped false).
+  auto causal_keys = [&](double window) {
+    const double mk = std::min(S, window);
+    return S > 0 ? mk - mk * mk / (2.0 * S) : 0.0;
+  };
+  const double keys_executed =
+      !windowed || !causal_blocks_skipped ? keys
+                : L > 0 ? ((L - local) * causal_keys(S) + local * causal_keys(double(m.sliding_window))) / L : causal_keys(S);
+  const double attention_executed = attention * (keys > 0 ? keys_executed / keys : 0.0);
   const double head = 2.0 * m.vocab_size * m.hidden_size;    // lm_head (tied or not)
   FlopsPerToken f;
   f.block_forward = L * (block_matmul + attention + lora);
@@ -46,6 +76,11 @@ FlopsPerToken flops_per_token(const ModelSpec& m, const TrainingSetup& setup) {
   f.backward = L * (2.0 * attention + (weights_train ? 2.0 : 1.0) * block_matmul + 2.0 * lora) +
                (weights_train ? 2.0 : 1.0) * head;
   f.model = f.forward + f.backward;
+  f.block_attention_executed = attention_executed;
+  const double skipped = L * (attention - attention_executed);  // forward; backward skips twice that
+  f.forward_executed = f.forward - skipped;
+  f.backward_executed = f.backward - 2.0 * skipped;
+  f.block_forward_executed = f.block_forward - skipped;
   f.block_matmul = block_matmul;
   f.block_attention = attention;
   f.block_lora = lora;
@@ -124,19 +159,19 @@ PieceRates piece_rates(const ModelSpec& m, const HardwareSpec& hw, const Trainin
 }
 
 double block_forward_s_per_token(const FlopsPerToken& f, const PieceRates& r) {
-  if (r.uniform) return (f.block_matmul + f.block_attention + f.block_lora) / r.rate;
-  return f.block_matmul / r.block_matmul + f.block_attention / r.attention + f.block_lora / r.lora;
+  if (r.uniform) return (f.block_matmul + f.block_attention_executed + f.block_lora) / r.rate;
+  return f.block_matmul / r.block_matmul + f.block_attention_executed / r.attention + f.block_lora / r.lora;
 }
 
 double forward_s_per_token(const ModelSpec& m, const FlopsPerToken& f, const PieceRates& r) {
-  if (r.uniform) return f.forward / r.rate;
+  if (r.uniform) return f.forward_executed / r.rate;
   return double(m.num_layers) * block_forward_s_per_token(f, r) + f.head / r.head;
 }
 
 double backward_s_per_token(const ModelSpec& m, const FlopsPerToken& f, const PieceRates& r) {
-  if (r.uniform) return f.backward / r.rate;
+  if (r.uniform) return f.backward_executed / r.rate;
   const double k = f.weights_train ? 2.0 : 1.0;  // as flops_per_token: input gradients, and weights' where they train
-  return double(m.num_layers) * (2.0 * f.block_attention / r.attention + k * f.block_matmul / r.block_matmul + 2.0 * f.block_lora / r.lora) +
+  return double(m.num_layers) * (2.0 * f.block_attention_executed / r.attention + k * f.block_matmul / r.block_matmul + 2.0 * f.block_lora / r.lora) +
          k * f.head / r.head;
 }
 
@@ -144,8 +179,23 @@ double nf4_dequant_time_s(int64_t nf4_params, const HardwareSpec& hw) {
   return nf4_params * (0.516 + 2.0) / hw.hbm_bandwidth_bytes_per_s;
 }
 
-double optimizer_step_time_s(double trainable_params, const HardwareSpec& hw) {
-  return trainable_params * 28.0 / (hw.hbm_bandwidth_bytes_per_s * hw.efficiency.optimizer_bandwidth_factor);
+double optimizer_step_bytes_per_param(Precision precision, Optimizer optimizer, bool foreach) {
+  const ParamBytes b = trainable_param_bytes(precision, optimizer);
+  // The master weight's width: the optimizer bytes hold it beside the moments under mixed precision.
+  const bool master = precision == Precision::mixed || precision == Precision::mixed_fp32_grads;
+  const double P = master ? 4.0 : b.weight, G = b.gradient;
+  const double moment = precision == Precision::bf16 ? 2.0 : 4.0;
+  double step = 0;
+  switch (optimizer) {
+    case Optimizer::adamw: step = foreach ? 4 * P + 3 * G + 14 * moment : 2 * P + G + 4 * moment; break;
+    case Optimizer::adamw8bit: step = 2 * P + G + 4 * 1.0; break;  // bitsandbytes' blockwise kernel, one byte per moment
+    case Optimizer::sgd: step = foreach ? 2 * P + G + 5 * moment : 2 * P + G + 2 * moment; break;
+  }
+  return step + (master ? P + b.weight : 0.0);
+}
+
+double optimizer_step_time_s(double trainable_params, const HardwareSpec& hw, double bytes_per_param) {
+  return trainable_params * bytes_per_param / (hw.hbm_bandwidth_bytes_per_s * hw.efficiency.optimizer_bandwidth_factor);
 }
 
 }  // namespace ftplan

@@ -31,9 +31,25 @@ struct FlopsPerToken {
   double block_expert = 0;   // the routed experts' part of block_matmul (top_k experts per token), e.g. for the
                              // busiest expert-parallel rank's extra load
   bool weights_train = false;
+  // What the kernels execute, for time: fused (flash) causal attention skips the key blocks above the
+  // diagonal and outside a sliding window, about half of a global layer's QK^T and P·V; eager attention
+  // computes them all (compute_model.cpp). Per token, like the figures above; the model FLOPs above stay
+  // the MFU numerator.
+  double block_attention_executed = 0;
+  double forward_executed = 0, backward_executed = 0, block_forward_executed = 0;
 };
 
+// The row length a step is timed at: seq_len when rows are packed (or no mean is given), else the dataset's
+// mean row length (at most seq_len), padding not counted (issue 11: "memory from the longest batch the data
+// can produce; time from the mean"). Both the tokens of a micro-batch (step_time.h micro_batch_tokens) and
+// the keys a query attends over (flops_per_token's S) come from it.
+double timed_row_tokens(const TrainingSetup& setup);
+
 FlopsPerToken flops_per_token(const ModelSpec& model, const TrainingSetup& setup);
+// The same, saying whether a fused kernel may skip the blocks above the causal diagonal: false where the
+// framework hands SDPA an explicit mask (padded batches under transformers), which then runs every block;
+// the two-argument form assumes it may (is_causal).
+FlopsPerToken flops_per_token(const ModelSpec& model, const TrainingSetup& setup, bool causal_blocks_skipped);
 
 // Dense peak FLOP/s used for the job's precision: bf16 tensor cores under mixed/bf16; fp32 under
 // fp32 (PyTorch leaves TF32 matmuls off by default since 1.12).
@@ -72,10 +88,23 @@ double block_forward_s_per_token(const FlopsPerToken& f, const PieceRates& r);
 // writing 2 B per parameter at HBM bandwidth.
 double nf4_dequant_time_s(int64_t nf4_params, const HardwareSpec& hw);
 
-// AdamW step: a memory-bound pass reading and writing ~28 B per trainable parameter (fp32 master,
-// gradient, two moments, bf16 copy) at HBM bandwidth.
-// A calibration scales the bandwidth (EfficiencyModel::optimizer_bandwidth_factor).
-double optimizer_step_time_s(double trainable_params, const HardwareSpec& hw);
+// Bytes the optimizer step reads and writes per trainable parameter, from the widths it touches
+// (precision.h: P the weight the optimizer updates, the fp32 master where there is one; G the gradient;
+// S one moment) and the implementation (configs/frameworks: optimizer.implementation):
+//   fused AdamW (torch's _fused_adamw_, DeepSpeed's FusedAdam, and bitsandbytes' 8-bit AdamW, one
+//     kernel per group): reads p, g, m, v, writes p, m, v: 2P + G + 4S;
+//   foreach AdamW (torch.optim.AdamW's default, _multi_tensor_adamw in torch/optim/adamw.py): one pass
+//     per _foreach op: p *= 1 - lr*wd (2P), lerp_(m, g) (2S + G), mul_(v) (2S), addcmul_(v, g, g)
+//     (2S + 2G), denom = sqrt(v) (2S), div_ (2S), add_(eps) (2S), addcdiv_(p, m, denom) (2P + 2S):
+//     4P + 3G + 14S;
+//   SGD with momentum: fused 2P + G + 2S; foreach mul_(buf), add_(buf, g), add_(p, buf): 2P + G + 5S.
+// A separate working copy (mixed precision's bf16 weights beside the fp32 master) is refreshed after the
+// step: + P read + W written. E.g. pure bf16 AdamW: 14 B fused, 42 B foreach; fp32 (amp) AdamW foreach 84 B.
+double optimizer_step_bytes_per_param(Precision precision, Optimizer optimizer, bool foreach);
+
+// The optimizer step: a memory-bound pass over `bytes_per_param` per trainable parameter at HBM
+// bandwidth. A calibration scales the bandwidth (EfficiencyModel::optimizer_bandwidth_factor).
+double optimizer_step_time_s(double trainable_params, const HardwareSpec& hw, double bytes_per_param);
 
 // DeepSpeed's CPU-Adam on the host for offload: ~1e9 parameters per second per GPU's process
 // (estimate from the ZeRO-Offload paper's Table 3 order of magnitude).

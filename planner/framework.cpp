@@ -57,6 +57,8 @@ const std::vector<std::pair<std::string, Setter>>& leaves() {
        [](P& p, const Json& v, const std::string& n) { p.sp_keeps_gathered_input = boolean(v, n); }},
       {"activations.autocast_weight_copies",
        [](P& p, const Json& v, const std::string& n) { p.autocast_weight_copies = boolean(v, n); }},
+      {"activations.padded_batches_pass_mask",
+       [](P& p, const Json& v, const std::string& n) { p.padded_batches_pass_mask = boolean(v, n); }},
       {"activations.selective_mode",
        [](P& p, const Json& v, const std::string& n) {
          p.selective_mode = text(v, n);
@@ -83,6 +85,14 @@ const std::vector<std::pair<std::string, Setter>>& leaves() {
        [](P& p, const Json& v, const std::string& n) { p.zero_prefetch_bucket_elements = number_in(v, n, 0, 1e12); }},
       {"zero.overlap_comm_double_buffer",
        [](P& p, const Json& v, const std::string& n) { p.zero_overlap_comm_double_buffer = boolean(v, n); }},
+      {"optimizer.implementation",
+       [](P& p, const Json& v, const std::string& n) {
+         const std::string impl = text(v, n);
+         if (impl != "foreach" && impl != "fused") fail_input(n + ": '" + impl + "' is not foreach or fused");
+         p.optimizer_foreach = impl == "foreach";
+       }},
+      {"optimizer.grads_freed_between_steps",
+       [](P& p, const Json& v, const std::string& n) { p.grads_freed_between_steps = boolean(v, n); }},
       {"optimizer.step_transient_bytes_per_param",
        [](P& p, const Json& v, const std::string& n) { p.optimizer_step_transient_bytes_per_param = number_in(v, n, 0, 64); }},
       {"loading.host_copies", [](P& p, const Json& v, const std::string& n) { p.load_host_copies = host_copies(v, n); }},

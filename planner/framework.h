@@ -63,6 +63,9 @@ struct FrameworkProfile {
   // attention scores) or "every-second-matmul" (torchtitan's op-level policy: the block input, the
   // outputs of every second matmul and of the attention kernel; the rest recomputed).
   std::string selective_mode = "attention-core";
+  // Padded (unpacked) batches reach SDPA with an explicit attention mask, so a fused kernel runs every key
+  // block instead of skipping those above the causal diagonal (compute_model.h flops_per_token).
+  bool padded_batches_pass_mask = false;
 
   // QLoRA.
   bool quantize_lm_head = false;              // the head is quantised too
@@ -86,6 +89,11 @@ struct FrameworkProfile {
 
   // The optimizer step.
   double optimizer_step_transient_bytes_per_param = 0;  // e.g. foreach AdamW's sqrt of exp_avg_sq
+  // optimizer.grads_freed_between_steps: zero_grad(set_to_none=True) frees every gradient after the step, so
+  // backward allocates them anew, the head's first (memory_model.cpp: the forward-backward peak); false
+  // where the gradients stay allocated (zeroed in place, or in a framework's own flat buffers).
+  bool grads_freed_between_steps = false;
+  bool optimizer_foreach = false;  // optimizer.implementation: "foreach" (one pass per op) or "fused" (one kernel)
 
   // Loading and saving.
   double amp_frozen_weight_bytes = 2;  // amp: a frozen (LoRA base) weight's bytes: 2 when loaded in bf16, 4 in fp32

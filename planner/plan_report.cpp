@@ -53,7 +53,15 @@ std::vector<std::string> step_assumptions(const PlanContext& ctx, const Training
   eff << "compute: " << format_fixed(ctx.peak_flops / 1e12, 1) << " TFLOP/s peak ("
       << (setup.precision == Precision::fp32 ? "fp32" : "bf16") << ") x efficiency "
       << format_fixed(ctx.efficiency, 2) << (setup.efficiency ? " (--efficiency)" : " (hwdb matmul_efficiency)")
-      << "; FLOPs: 2/weight/token forward, backward 2x (trained) or 1x (frozen), attention 4*S*q_dim per layer";
+      << "; FLOPs: 2/weight/token forward, backward 2x (trained) or 1x (frozen), attention 4*S*q_dim per layer"
+      << (ctx.flops.block_attention_executed < ctx.flops.block_attention
+              ? " (MFU; timed at the " + format_fixed(100.0 * ctx.flops.block_attention_executed / ctx.flops.block_attention, 0) +
+                    "% a fused causal kernel runs)"
+              : std::string(""))
+      << "; optimizer step " << format_fixed(optimizer_step_bytes_per_param(setup.precision, setup.optimizer,
+                                                                             ctx.memory.framework->optimizer_foreach), 0)
+      << " B per trainable parameter at HBM bandwidth ("
+      << (ctx.memory.framework->optimizer_foreach ? "foreach" : "fused") << ")";
   if (!hw.efficiency.source.empty()) {
     const EfficiencyModel& e = hw.efficiency;
     if (setup.efficiency) {

@@ -18,7 +18,8 @@ PlanContext prepare_plan(const ModelSpec& model, const HardwareSpec& hw, const T
   PlanContext c;
   c.group_nets = std::move(group_nets);
   c.memory = prepare_job(model, hw, setup, shape);
-  c.flops = flops_per_token(model, setup);
+  // Padded batches under a framework that passes SDPA a padding mask run every key block (framework.h).
+  c.flops = flops_per_token(model, setup, setup.packing || !c.memory.framework->padded_batches_pass_mask);
   c.num_gpus = std::max<int64_t>(1, num_gpus);
   c.net = c.group_net({c.num_gpus, 1});  // interconnect_for(hw, num_gpus), through the cache
   c.peak_flops = peak_flops(hw, setup.precision);
@@ -149,11 +150,8 @@ double residual_bytes_of(const PlanContext& ctx) {
 
 double micro_batch_tokens(const TrainingSetup& setup, int64_t micro_batch) {
   // Packed rows fill seq_len; padded batches are timed at the mean row length where the dataset
-  // gives one (the padding is not counted).
-  const double row = !setup.packing && setup.dataset.mean_tokens_per_row > 0
-                         ? std::min<double>(setup.dataset.mean_tokens_per_row, setup.seq_len)
-                         : static_cast<double>(setup.seq_len);
-  return static_cast<double>(micro_batch) * row;
+  // gives one (the padding is not counted): compute_model.h timed_row_tokens.
+  return static_cast<double>(micro_batch) * timed_row_tokens(setup);
 }
 
 double lora_tp_bytes(const PlanContext& ctx, const Candidate& cand, double tokens, double stage_layers,
@@ -207,7 +205,7 @@ ShardedLayerComm sharded_layer_comm(const PlanContext& ctx, const Candidate& can
   const double act_elem = activation_bytes(setup.precision);
   const PieceRates rates = ctx.rates_for(T / double(par.cp), par.ep);
   ShardedLayerComm lc;
-  lc.attention_forward_s = ctx.flops.block_attention * T / rates.attention / static_cast<double>(par.tp * par.cp);
+  lc.attention_forward_s = ctx.flops.block_attention_executed * T / rates.attention / static_cast<double>(par.tp * par.cp);
   // Tensor parallelism (Megatron-LM, Shoeybi et al. 2019): per block two all-reduces of the activations
   // in forward (after the row-parallel o_proj and down_proj) and two in backward (the input gradients of
   // the column-parallel q/k/v and gate/up), two more when full checkpointing recomputes the forward;
@@ -280,7 +278,7 @@ StepEstimate estimate_step(const PlanContext& ctx, const Candidate& cand, const 
       const double all = h * (q + 2 * kv) + q * h + 3 * h * i;
       selective_recompute = ctx.flops.block_matmul * model.num_layers * (h * kv + q * h + h * i) / all;
     } else {
-      selective_recompute = ctx.flops.block_attention * model.num_layers;
+      selective_recompute = ctx.flops.block_attention_executed * model.num_layers;
     }
   }
 
@@ -295,8 +293,8 @@ StepEstimate estimate_step(const PlanContext& ctx, const Candidate& cand, const 
   // One micro-batch through the whole model on one GPU (its 1/(tp·cp) share).
   double forward = 0, backward = 0;
   if (rates.uniform) {
-    forward = (ctx.flops.forward + expert_extra_forward) * T / rate / split;
-    backward = (ctx.flops.backward + (ckpt ? ctx.flops.block_forward : 0) + selective_recompute + expert_extra_backward) * T / rate / split;
+    forward = (ctx.flops.forward_executed + expert_extra_forward) * T / rate / split;
+    backward = (ctx.flops.backward_executed + (ckpt ? ctx.flops.block_forward_executed : 0) + selective_recompute + expert_extra_backward) * T / rate / split;
   } else {
     // Each piece at its own rate: recompute at the forward's rates, selective recompute of the attention
     // core at attention's (of matmuls at the block matmuls'), the busiest expert rank's extra at the matmuls'.
@@ -377,7 +375,10 @@ StepEstimate estimate_step(const PlanContext& ctx, const Candidate& cand, const 
   double tokens = G * T * static_cast<double>(par.dp());  // every data-parallel replica's micro-batches
   double per_step_exposed = 0, comm = 0, bytes = 0;
   const double model_parallel = static_cast<double>(par.tp * par.pp);
-  double optimizer = optimizer_step_time_s(ctx.trainable_params, hw) / model_parallel;
+  double optimizer = optimizer_step_time_s(ctx.trainable_params, hw,
+                                          optimizer_step_bytes_per_param(setup.precision, setup.optimizer,
+                                                                         ctx.memory.framework->optimizer_foreach)) /
+                     model_parallel;
   double compute = G * micro;
   const int64_t shard = par.shard_group();
   const Interconnect& shard_net = ctx.group_net(shard_group(par));

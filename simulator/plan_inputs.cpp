@@ -67,8 +67,8 @@ StepInputs step_inputs_from_plan(const PlanContext& ctx, const Candidate& c, boo
   for (int64_t l = 0; l < model.num_layers; ++l) {
     LayerCost block;
     block.name = "block " + std::to_string(l);
-    block.forward_s = (f.block_matmul * s_mm + f.block_attention * s_att + f.block_lora * s_lora) * T + block_dequant;
-    block.backward_input_s = (f.block_matmul * s_mm + 2 * f.block_attention * s_att + f.block_lora * s_lora) * T + block_dequant;
+    block.forward_s = (f.block_matmul * s_mm + f.block_attention_executed * s_att + f.block_lora * s_lora) * T + block_dequant;
+    block.backward_input_s = (f.block_matmul * s_mm + 2 * f.block_attention_executed * s_att + f.block_lora * s_lora) * T + block_dequant;
     block.backward_weight_s = ((f.weights_train ? f.block_matmul * s_mm : 0.0) + f.block_lora * s_lora) * T;
     if (model.moe.active()) {
       block.forward_s += extra * T * s_mm;

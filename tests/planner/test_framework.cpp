@@ -59,6 +59,10 @@ TEST_CASE("a profile with an unknown key, a missing source or a missing value is
   bad["runtime"]["cuda_context_bytes"].erase("source");
   CHECK_THROWS_WITH(ftplan::framework_profile_from_json(bad, "x.json"), Contains("cuda_context_bytes"));
   bad = hf;
+  bad["optimizer"]["implementation"]["value"] = "fast";
+  CHECK_THROWS_WITH(ftplan::framework_profile_from_json(bad, "x.json"),
+                    Contains("implementation") && Contains("not foreach or fused"));
+  bad = hf;
   bad["knobs"].erase("compile");
   CHECK_THROWS_WITH(ftplan::framework_profile_from_json(bad, "x.json"), Contains("knobs: compile: missing"));
   bad = hf;  // the allocator only releases cache when memory runs out: the at-OOM slack cannot exceed the other

@@ -462,3 +462,51 @@ TEST_CASE("FSDP CPU offload keeps unsharded gradients on the GPU under no_sync o
   CHECK(est(1).per_gpu.gradients == 0);
   CHECK_THAT(double(est(2).per_gpu.gradients), WithinRel(double(t.trainable) * tb.gradient, 1e-9));
 }
+
+TEST_CASE("gradients freed by zero_grad(set_to_none) are not alive with the activations at backward's start", "[memory]") {
+  // Llama-3.2-1B full fine-tune in bf16 on one A100 under torchtune (zero_grad(set_to_none=True) after each
+  // step: optimizer.grads_freed_between_steps). At backward's start, where the loss's peak and every saved
+  // activation are alive, only the head unit's gradients exist: the final norm's, 2,048 x 2 B = 4,096 B, and
+  // the tied embedding's (the head's weight), 128,256 x 2,048 x 2 B = 525,336,576 B. Every gradient (1,235,814,400 parameters x 2 B = 2,471,628,800 B) is alive at the
+  // optimizer step, when the activations are gone.
+  const auto model = load_model("llama-3.2-1b");
+  const auto hw = ftplan::load_hardware("a100-80gb-sxm");
+  auto setup = make_setup("llama-3.2-1b", Method::full, 1, 2048);
+  setup.framework = "torchtune";
+  setup.precision = ftplan::Precision::bf16;
+  REQUIRE(ftplan::count_params(model).total == 1'235'814'400);
+  const int64_t all_grads = 2'471'628'800, head_grads = 4'096 + 525'336'576;
+  auto estimate = [&](const ftplan::TrainingSetup& s, Strategy strategy, int64_t gpus, int64_t micro_batch) {
+    auto t = s;
+    t.num_gpus = gpus;
+    return ftplan::estimate_memory(model, hw, t, ftplan::preset_candidate(strategy, gpus, hw, micro_batch, Checkpointing::none, Attention::fused));
+  };
+  const auto freed = estimate(setup, Strategy::single, 1, 4);
+  CHECK(freed.peak_moment == "forward-backward");
+  CHECK(freed.per_gpu.gradients == head_grads);
+  SECTION("with gradient accumulation the next micro-batch's backward starts with every gradient alive") {
+    auto accum = setup;
+    accum.grad_accum = 2;
+    const auto e = estimate(accum, Strategy::single, 1, 4);
+    CHECK(e.per_gpu.gradients == all_grads);
+    CHECK(e.per_gpu.activations == freed.per_gpu.activations);
+    CHECK(e.per_gpu.logits_loss == freed.per_gpu.logits_loss);
+    CHECK(e.allocated_peak - freed.allocated_peak == all_grads - head_grads);
+  }
+  SECTION("a framework that zeroes its gradients in place keeps them all (ftexec)") {
+    auto kept = setup;
+    kept.framework = "ftexec";
+    CHECK(estimate(kept, Strategy::single, 1, 4).per_gpu.gradients == all_grads);
+  }
+  SECTION("little activation memory: the optimizer step's peak holds every gradient") {
+    auto small = setup;
+    small.seq_len = 128;
+    const auto e = estimate(small, Strategy::single, 1, 1);
+    CHECK(e.peak_moment == "optimizer step");
+    CHECK(e.per_gpu.gradients == all_grads);
+    CHECK(e.per_gpu.activations == 0);
+  }
+  SECTION("sharded layouts keep every gradient shard in the peak (FSDP over 2 GPUs)") {
+    CHECK(estimate(setup, Strategy::fsdp, 2, 4).per_gpu.gradients == all_grads / 2);
+  }
+}

@@ -87,10 +87,13 @@ TEST_CASE("fits one GPU, several GPUs: DDP (or a DP strategy that ties with it)"
   CHECK(is_data_parallel(winner));
   const auto& ddp = outcome(plan, Strategy::ddp);
   REQUIRE(ddp.feasible);
-  // DDP is the winner or within 2% of it. (For full FT of small models on 8 GPUs ZeRO/FSDP win by
-  // ~1%: they shard the optimizer step, ~28 B per parameter at HBM speed, which DDP runs whole,
-  // and their extra gathers hide behind compute.)
-  CHECK(ddp.best.score <= plan.recommended->score * 1.02);
+  // DDP is the winner or within 2% of it, apart from the optimizer step it runs whole: for full FT of
+  // small models on 8 GPUs ZeRO/FSDP win by that step (the foreach AdamW's 84 B per parameter at HBM
+  // speed under mixed precision, compute_model.h), which they shard, while their extra gathers hide
+  // behind compute. Scores are seconds per token here (no dataset given).
+  REQUIRE_FALSE(plan.recommended->has_job);
+  const double ddp_optimizer_s_per_token = ddp.best.step.optimizer_s / ddp.best.step.tokens_per_step;
+  CHECK(ddp.best.score <= plan.recommended->score * 1.02 + ddp_optimizer_s_per_token);
   CHECK_THAT(plan.rule_of_thumb, Contains("fits one GPU -> DDP"));
 }
 

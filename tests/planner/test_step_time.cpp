@@ -3,12 +3,14 @@
 #include <catch2/catch.hpp>
 
 #include <string>
+#include <tuple>
 
 #include "planner/collectives.h"
 #include "planner/compute_model.h"
 #include "planner/data_paths.h"
 #include "planner/hardware_spec.h"
 #include "planner/json_fields.h"
+#include "planner/memory_model.h"
 #include "planner/model_spec.h"
 #include "planner/step_time.h"
 #include "planner/training_setup.h"
@@ -240,8 +242,10 @@ TEST_CASE("FLOPs per token", "[step]") {
     const auto full = ftplan::estimate_step(ctx, cand(ctx, Strategy::single, 2, Checkpointing::full, Attention::fused));
     const double tokens = 2 * 2 * 2048;  // grad_accum x micro-batch x seq_len
     const double rate = hw.peak_flops_bf16 * hw.matmul_efficiency;
-    CHECK_THAT(full.compute_s - none.compute_s, WithinRel(tokens * ctx.flops.block_forward / rate, 1e-9));
-    CHECK_THAT(none.compute_s, WithinRel(tokens * ctx.flops.model / rate, kExact));
+    // Timed at the FLOPs the kernels execute (fused causal attention: half the S x S blocks).
+    CHECK_THAT(full.compute_s - none.compute_s, WithinRel(tokens * ctx.flops.block_forward_executed / rate, 1e-9));
+    CHECK_THAT(none.compute_s,
+               WithinRel(tokens * (ctx.flops.forward_executed + ctx.flops.backward_executed) / rate, kExact));
     // MFU counts model FLOPs only: recomputation lowers it.
     CHECK(full.mfu < none.mfu);
     CHECK(full.flops_per_step == none.flops_per_step);
@@ -258,5 +262,127 @@ TEST_CASE("DDP tokens per step and throughput", "[step]") {
   CHECK_THAT(s.tokens_per_s, WithinRel(s.tokens_per_step / s.step_time_s, kExact));
   CHECK_THAT(s.step_time_s, WithinRel(s.compute_s + s.exposed_comm_s + s.optimizer_s, kExact));
   CHECK(s.mfu > 0.0);
-  CHECK(s.mfu <= hw.matmul_efficiency);
+  // MFU counts the whole S x S attention, the time only the causal half the kernel runs: at most the
+  // efficiency times model / executed FLOPs.
+  CHECK(s.mfu <= hw.matmul_efficiency * ctx.flops.model / (ctx.flops.forward_executed + ctx.flops.backward_executed));
+}
+
+TEST_CASE("fused causal attention is timed at the key blocks its kernel runs", "[step]") {
+  // flash-attention skips the key blocks above the causal diagonal and outside the window
+  // (compute_model.cpp): query i attends to min(i + 1, window) keys, a mean of m - m^2 / (2 S) over S
+  // queries (m = min(S, window)): S / 2 for a global layer. Eager attention computes the whole S x S.
+  // The model FLOPs (MFU) keep the whole 4·S·q_dim.
+  const auto model = load_model("llama-3-8b");
+  const double L = 32, S = 2048, q = 4096;
+  auto setup = make_setup("llama-3-8b", Method::full, 1, 2048);
+  setup.attention = Attention::fused;
+  const auto f = ftplan::flops_per_token(model, setup);
+  CHECK(f.block_attention == 4 * S * q);
+  CHECK(f.block_attention_executed == 4 * (S / 2) * q);  // 16,777,216 of 33,554,432
+  const double skipped = L * 2 * S * q;                  // per token, forward
+  CHECK_THAT(f.forward_executed, WithinRel(f.forward - skipped, kExact));
+  CHECK_THAT(f.backward_executed, WithinRel(f.backward - 2 * skipped, kExact));
+  CHECK_THAT(f.block_forward_executed, WithinRel(f.block_forward - skipped, kExact));
+  SECTION("eager attention runs every block") {
+    setup.attention = Attention::eager;
+    const auto e = ftplan::flops_per_token(model, setup);
+    CHECK(e.block_attention_executed == e.block_attention);
+    CHECK(e.forward_executed == e.forward);
+  }
+  SECTION("a sliding window: Gemma-2-9B, 21 local layers of window 4096 and 21 global, at 8192 tokens") {
+    const auto gemma = load_model("gemma-2-9b");
+    auto gs = make_setup("gemma-2-9b", Method::lora, 1, 8192);
+    gs.attention = Attention::fused;
+    // Local: 4096 - 4096^2 / (2 x 8192) = 3072 keys per query; global: 8192 / 2 = 4096; the mean 3584.
+    CHECK(ftplan::flops_per_token(gemma, gs).block_attention_executed == 4.0 * 3584 * gemma.q_dim());
+    CHECK(ftplan::flops_per_token(gemma, gs).block_attention == 4.0 * 6144 * gemma.q_dim());
+  }
+  SECTION("a padded batch that reaches SDPA with its mask runs every block (hf); torchtune passes is_causal") {
+    const auto hw = ftplan::load_hardware("a100-80gb-sxm");
+    for (const auto& [fw, packing, halved] : {std::tuple<std::string, bool, bool>{"hf", false, false},
+                                              {"hf", true, true}, {"torchtune", false, true}, {"torchtune", true, true}}) {
+      CAPTURE(fw, packing);
+      auto fs = setup;
+      fs.framework = fw;
+      fs.packing = packing;
+      const auto ctx = ftplan::prepare_plan(model, hw, fs, 1);
+      CHECK(ctx.flops.block_attention_executed == (halved ? 2 * S * q : 4 * S * q));
+    }
+  }
+  SECTION("the step's compute time counts the executed FLOPs, its MFU the model FLOPs") {
+    const auto hw = ftplan::load_hardware("a100-80gb-sxm");
+    const auto ctx = ftplan::prepare_plan(model, hw, setup, 1);
+    const auto s = ftplan::estimate_step(ctx, cand(ctx, Strategy::single, 1, Checkpointing::none, Attention::fused));
+    const double rate = hw.peak_flops_bf16 * hw.matmul_efficiency;
+    CHECK_THAT(s.compute_s, WithinRel(S * (f.model - 3 * skipped) / rate, kExact));
+    CHECK_THAT(s.flops_per_step, WithinRel(S * f.model, kExact));
+  }
+}
+
+TEST_CASE("padded batches: time from the mean row length (tokens and attention keys), memory from the longest", "[step]") {
+  // Issue 11: "memory from the longest batch the data can produce; time from the mean". Llama-3-8B, rows
+  // of 512 tokens on average, at most 2048, padded (not packed), fused attention under ftexec (is_causal).
+  const auto model = load_model("llama-3-8b");
+  const auto hw = ftplan::load_hardware("a100-80gb-sxm");
+  const double q = 4096;
+  auto setup = make_setup("llama-3-8b", Method::lora, 1, 2048);
+  setup.attention = Attention::fused;
+  setup.dataset.mean_tokens_per_row = 512;
+  setup.dataset.max_tokens_per_row = 2048;
+  CHECK(ftplan::timed_row_tokens(setup) == 512);
+  const auto f = ftplan::flops_per_token(model, setup);
+  // A query of a 512-token row attends over at most 512 keys: 4 · 512 · q_dim, the causal half executed.
+  CHECK(f.block_attention == 4 * 512 * q);
+  CHECK(f.block_attention_executed == 4 * 256 * q);
+  CHECK(ftplan::micro_batch_tokens(setup, 4) == 4 * 512);
+  auto packed = setup;
+  packed.packing = true;  // packed rows fill seq_len: 2048 keys, 4 x 2048 tokens
+  CHECK(ftplan::timed_row_tokens(packed) == 2048);
+  CHECK(ftplan::flops_per_token(model, packed).block_attention == 4 * 2048 * q);
+  CHECK(ftplan::micro_batch_tokens(packed, 4) == 4 * 2048);
+  auto no_mean = setup;
+  no_mean.dataset.mean_tokens_per_row = 0;  // no mean given: rows of seq_len
+  CHECK(ftplan::timed_row_tokens(no_mean) == 2048);
+  auto long_mean = setup;
+  long_mean.seq_len = 256;  // rows truncated to seq_len: the mean is capped there
+  CHECK(ftplan::timed_row_tokens(long_mean) == 256);
+  // The step: the mean-length rows cost their own attention, and the memory does not move with the mean.
+  const auto ctx = ftplan::prepare_plan(model, hw, setup, 1);
+  const auto ctx_no_mean = ftplan::prepare_plan(model, hw, no_mean, 1);
+  const auto c = cand(ctx, Strategy::single, 4, Checkpointing::none, Attention::fused);
+  const auto s = ftplan::estimate_step(ctx, c);
+  const auto s_no_mean = ftplan::estimate_step(ctx_no_mean, c);
+  const double rate = hw.peak_flops_bf16 * hw.matmul_efficiency;
+  CHECK_THAT(s.compute_s, WithinRel(4 * 512 * (f.forward_executed + f.backward_executed) / rate, kExact));
+  CHECK(s.compute_s < s_no_mean.compute_s / 4);  // a quarter of the tokens, each with a quarter of the keys
+  CHECK(ftplan::estimate_memory(model, hw, setup, c).per_gpu.total == ftplan::estimate_memory(model, hw, no_mean, c).per_gpu.total);
+}
+
+TEST_CASE("the optimizer step's bytes per parameter follow its implementation", "[step]") {
+  using ftplan::Optimizer;
+  using ftplan::Precision;
+  // compute_model.h: fused AdamW reads p, g, m, v and writes p, m, v (2P + G + 4S); torch's foreach
+  // AdamW makes one pass per _foreach op (4P + 3G + 14S); mixed precision refreshes its bf16 copy
+  // from the fp32 master (+ 4 + 2).
+  CHECK(ftplan::optimizer_step_bytes_per_param(Precision::bf16, Optimizer::adamw, false) == 2 * 2 + 2 + 4 * 2);     // 14
+  CHECK(ftplan::optimizer_step_bytes_per_param(Precision::bf16, Optimizer::adamw, true) == 4 * 2 + 3 * 2 + 14 * 2);  // 42
+  CHECK(ftplan::optimizer_step_bytes_per_param(Precision::amp, Optimizer::adamw, true) == 4 * 4 + 3 * 4 + 14 * 4);   // 84
+  CHECK(ftplan::optimizer_step_bytes_per_param(Precision::amp, Optimizer::adamw, false) == 28);
+  CHECK(ftplan::optimizer_step_bytes_per_param(Precision::mixed, Optimizer::adamw, false) == 2 * 4 + 2 + 4 * 4 + 4 + 2);  // 32
+  // bitsandbytes' 8-bit AdamW is one kernel whatever the framework: one byte per moment.
+  CHECK(ftplan::optimizer_step_bytes_per_param(Precision::bf16, Optimizer::adamw8bit, true) == 2 * 2 + 2 + 4);  // 10
+  CHECK(ftplan::optimizer_step_bytes_per_param(Precision::bf16, Optimizer::sgd, true) == 2 * 2 + 2 + 5 * 2);     // 16
+  SECTION("the framework's implementation times the step: hf foreach, torchtune fused") {
+    const auto model = load_model("llama-3.2-3b");
+    const auto hw = ftplan::load_hardware("a100-80gb-sxm");
+    for (const auto& [fw, bytes] : {std::pair<std::string, double>{"hf", 42.0}, {"torchtune", 14.0}}) {
+      CAPTURE(fw);
+      auto setup = make_setup("llama-3.2-3b", Method::full, 1, 1024);
+      setup.framework = fw;
+      setup.precision = Precision::bf16;
+      const auto ctx = ftplan::prepare_plan(model, hw, setup, 1);
+      const auto s = ftplan::estimate_step(ctx, cand(ctx, Strategy::single, 1, Checkpointing::full, Attention::fused));
+      CHECK_THAT(s.optimizer_s, WithinRel(double(ctx.trainable_params) * bytes / hw.hbm_bandwidth_bytes_per_s, kExact));
+    }
+  }
 }
