@@ -261,7 +261,13 @@ at::Tensor mla_attention(LlamaModel& m, const LlamaBlock& blk, const at::Tensor&
   const int64_t B = x.size(0), S = x.size(1), H = s.num_heads;
   const int64_t nope = s.mla.qk_nope_head_dim, rope = s.mla.qk_rope_head_dim, vd = s.value_head_dim();
   const int64_t r = s.mla.kv_lora_rank;
-  const double scale = 1.0 / std::sqrt(static_cast<double>(nope + rope));
+  double scale = 1.0 / std::sqrt(static_cast<double>(nope + rope));
+  // DeepseekV3Attention: with rope_scaling and a non-zero mscale_all_dim, scaling *= yarn_get_mscale(factor,
+  // mscale_all_dim)^2 (transformers @ f5a9ec51; V2's attention @ 03eac6f6 leaves qk_head_dim^-0.5).
+  if (s.mla.yarn_softmax_mscale && !s.rope_scaling.type.empty() && s.rope_scaling.mscale_all_dim > 0) {
+    const double ms = yarn_get_mscale(s.rope_scaling.factor, s.rope_scaling.mscale_all_dim);
+    scale *= ms * ms;
+  }
   at::Tensor q = s.mla.q_lora_rank > 0
                      ? linear(blk.q_b_proj, rms_norm(linear(blk.q_a_proj, x, m.training), blk.q_a_layernorm, kMlaLatentNormEps),
                               m.training)
@@ -631,9 +637,6 @@ namespace {
 // DeepseekV3TopkRouter at the commits cited above mla_attention and in moe.h); anything else is refused by name.
 void deepseek_check(const ftplan::ModelSpec& s, const ModelOptions& options) {
   const std::string where = s.name + ": model_type " + s.model_type + ": ";
-  if (s.rope_scaling.type == "yarn")
-    ftplan::fail_input(where + "rope_scaling yarn: not supported by ftexec (YaRN's frequency ramp and the softmax scale's "
-                       "mscale^2 are not implemented); use a config without rope_scaling, or linear / dynamic");
   if (options.use_sdpa)
     ftplan::fail_input(where + "attention fused: ftexec runs multi-head latent attention eager only (use --attention eager)");
   if (s.num_kv_heads != s.num_heads)
@@ -669,11 +672,19 @@ void deepseek_check(const ftplan::ModelSpec& s, const ModelOptions& options) {
 
 }  // namespace
 
+// transformers modeling_rope_utils.py _compute_yarn_parameters: get_mscale(scale, mscale) = 0.1·mscale·ln(scale) + 1
+// (1 when scale <= 1).
+double yarn_get_mscale(double scale, double mscale) { return scale <= 1 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0; }
+
 double rope_attention_scaling(const ftplan::ModelSpec& s) {
   const auto& rs = s.rope_scaling;
   if (rs.type != "yarn") return 1.0;
   if (rs.attention_factor > 0) return rs.attention_factor;
-  return rs.factor <= 1 ? 1.0 : 0.1 * std::log(rs.factor) + 1.0;  // get_mscale(factor)
+  // DeepSeek's configs give mscale and mscale_all_dim: their ratio (1 for DeepSeek-V2-Lite's 0.707 / 0.707 and V3's
+  // 1 / 1); else get_mscale(factor). (The versions with mscale read factor as max_position_embeddings /
+  // original_max_position_embeddings when the latter is given: 163840 / 4096 = 40 = factor for DeepSeek-V2-Lite and V3.)
+  if (rs.mscale > 0 && rs.mscale_all_dim > 0) return yarn_get_mscale(rs.factor, rs.mscale) / yarn_get_mscale(rs.factor, rs.mscale_all_dim);
+  return yarn_get_mscale(rs.factor, 1.0);
 }
 
 LlamaModel llama_create(const ftplan::ModelSpec& spec, const ModelOptions& options, uint64_t seed, bool random_init) {

@@ -204,6 +204,8 @@ std::vector<double> rope_inv_freq(const ftplan::ModelSpec& spec, int64_t seq_len
 // The factor HF's rotary embedding multiplies cos and sin by (its attention_scaling): YaRN's attention factor,
 // e.g. 0.1·ln(32) + 1 = 1.3466 (gpt-oss); 1 for the other scalings.
 double rope_attention_scaling(const ftplan::ModelSpec& spec);
+// YaRN's get_mscale(scale, mscale) = 0.1·mscale·ln(scale) + 1, 1 when scale <= 1 (transformers modeling_rope_utils.py).
+double yarn_get_mscale(double scale, double mscale);
 
 // Mean next-token cross-entropy of input_ids [B, S] against labels [B, S] (int64, on the device;
 // label -100 is ignored). Builds the autograd graph when grad mode is on.

@@ -248,6 +248,9 @@ std::vector<ModelFamily> make_table() {
               "norm_topk_prob", "routed_scaling_factor", "scoring_func", "topk_method", "n_group", "topk_group",
               "ep_size", "num_nextn_predict_layers", "rope_interleave"};
     f.mla = true;
+    // DeepseekV3Attention.__init__ (@ f5a9ec512fa9fe69e51ea0c6388c68d50de567b3): with rope_scaling and a non-zero
+    // mscale_all_dim, scaling *= yarn_get_mscale(factor, mscale_all_dim)^2; DeepseekV2Attention (@ 03eac6f6) does not.
+    f.mla_yarn_softmax_mscale = true;
     f.default_lora_targets = {};
     f.moe.experts_key = "n_routed_experts";
     f.moe.shared_key = "n_shared_experts";

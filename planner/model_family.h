@@ -105,6 +105,7 @@ struct ModelFamily {
   SlidingLayers sliding = SlidingLayers::none;
   MoeFamily moe;                     // mixture of experts; moe.active() false for dense families
   bool mla = false;                  // multi-head latent attention (DeepSeek): q_lora_rank, kv_lora_rank, qk_*_head_dim, v_head_dim
+  bool mla_yarn_softmax_mscale = false;  // DeepSeek-V3: YaRN also scales the softmax by get_mscale(factor, mscale_all_dim)^2
   bool attention_sinks = false;      // gpt-oss: a learned sink logit per head
   int64_t default_max_window_layers = 0;  // Qwen2/3: the config class's default, 28
   std::vector<std::string> default_lora_targets;  // PEFT's TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING

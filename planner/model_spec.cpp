@@ -41,6 +41,8 @@ RopeScaling read_rope_scaling(const nlohmann::json& rope, const std::string& whe
   scaling.beta_slow = read_number_or(rope, "beta_slow", 1.0, where, 1e-6, 1e6);
   scaling.attention_factor = read_number_or(rope, "attention_factor", 0.0, where, 0.0, 1e6);
   scaling.truncate = read_bool_or(rope, "truncate", true, where);
+  scaling.mscale = read_number_or(rope, "mscale", 0.0, where, 0.0, 1e6);
+  scaling.mscale_all_dim = read_number_or(rope, "mscale_all_dim", 0.0, where, 0.0, 1e6);
   return scaling;
 }
 
@@ -320,7 +322,10 @@ void read_decoder(const nlohmann::json& config, const ModelFamily& f, const std:
   m.norm_cast_after_scale = f.norm_cast_after_scale;
   read_sliding_window(c, f, where, m);
   m.attention_sinks = f.attention_sinks;
-  if (f.mla) read_mla(c, where, m);
+  if (f.mla) {
+    read_mla(c, where, m);
+    m.mla.yarn_softmax_mscale = f.mla_yarn_softmax_mscale;
+  }
   if (f.moe.active()) read_moe(c, f, where, m);
 }
 

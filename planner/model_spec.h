@@ -29,6 +29,8 @@ struct RopeScaling {
   double beta_slow = 1.0;               // yarn only: the slow rotation boundary, e.g. 1
   double attention_factor = 0.0;        // yarn only: the cos/sin scale; 0: 0.1·ln(factor) + 1 (transformers' default)
   bool truncate = true;                 // yarn only: floor/ceil the correction range, e.g. false (gpt-oss)
+  double mscale = 0.0;                  // yarn only (DeepSeek): attention_factor = get_mscale(factor, mscale) /
+  double mscale_all_dim = 0.0;          // get_mscale(factor, mscale_all_dim) when both are set; 0: not set
 };
 
 // RMSNorms on the queries and keys before RoPE.
@@ -104,6 +106,7 @@ struct MlaSpec {
   int64_t qk_rope_head_dim = 0;  // e.g. 64 (the decoupled RoPE key, shared by the heads)
   bool rope_interleave = true;   // RoPE on interleaved pairs (x0, x1), (x2, x3), ... (DeepSeek-V2's complex
                                  // rotation; DeepSeek-V3's rope_interleave, default true); false: rotate-half
+  bool yarn_softmax_mscale = false;  // DeepSeek-V3: under YaRN the softmax scale is also x get_mscale(factor, mscale_all_dim)^2
   bool active() const { return kv_lora_rank > 0; }
 };
 

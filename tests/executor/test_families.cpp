@@ -359,10 +359,6 @@ TEST_CASE("DeepSeek: what ftexec does not run of it is refused by name, in one l
     CAPTURE(field);
     CHECK_THROWS_WITH(ftexec::llama_create(spec, o, 1), Contains(field));
   };
-  ftplan::ModelSpec yarn = v2;  // DeepSeek-V2-Lite's own config has rope_scaling yarn
-  yarn.rope_scaling.type = "yarn";
-  refused(yarn, "rope_scaling yarn");
-  refused(ftplan::load_model("deepseek-v2-lite"), "rope_scaling yarn");  // before any weight is allocated
   ftplan::ModelSpec renorm = v2;
   renorm.moe.norm_topk_prob = true;
   refused(renorm, "norm_topk_prob");
@@ -385,13 +381,14 @@ TEST_CASE("DeepSeek: what ftexec does not run of it is refused by name, in one l
   }
   lora.targets = {"q_proj"};  // V3's tiny config has q_lora_rank: no q_proj
   CHECK_THROWS_WITH(ftexec::lora_attach(m, lora, 2), Contains("q_proj: not a linear of a deepseek_v3 block"));
-  // The CLI: the shipped DeepSeek-V2-Lite (yarn), one line, exit 2 (QLoRA on a MoE is refused by the job's check,
-  // tested with Qwen3-MoE below).
-  const auto r = run_ftexec("--model deepseek-v2-lite --precision fp32 --seq-len 32 --micro-batch 1 --steps 1 --no-progress");
+  // The CLI: the shipped DeepSeek-V2-Lite (YaRN RoPE, trained since) with fused attention: one line, exit 2, before
+  // any weight is allocated (QLoRA on a MoE is refused by the job's check, tested with Qwen3-MoE below).
+  const auto r = run_ftexec("--model deepseek-v2-lite --precision fp32 --attention fused --seq-len 32 --micro-batch 1 "
+                            "--steps 1 --no-progress");
   CAPTURE(r.output);
   CHECK(r.exit_code == 2);
   CHECK(std::count(r.output.begin(), r.output.end(), '\n') == 1);
-  CHECK_THAT(r.output, Contains("rope_scaling yarn"));
+  CHECK_THAT(r.output, Contains("--attention (attention) fused"));
 }
 
 TEST_CASE("MoE: LoRA on the experts, QLoRA and a capacity factor are refused by name", "[dist][family]") {

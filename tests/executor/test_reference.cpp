@@ -143,16 +143,23 @@ const std::vector<RefCase>& ref_cases() {
       {"olmo2 full: post-norms only, q/k norms over the whole projection", ftplan::Method::full, false, 2, false,
        false, "", "olmo2", false, "tiny-olmo2.json"},
       // DeepSeek: multi-head latent attention, a dense layer then a MoE layer with a shared expert.
-      {"deepseek_v2 full: MLA with q_proj (q_lora_rank null), complex RoPE, softmax greedy top 2, scaling 1.5",
+      // YaRN as DeepSeek-V2-Lite's config has it (type, factor, original_max_position_embeddings = max / factor,
+      // mscale, mscale_all_dim), with mscale != mscale_all_dim so that the attention factor is not 1.
+      {"deepseek_v2 full: MLA with q_proj (q_lora_rank null), complex RoPE with YaRN (attention factor 0.9643), softmax "
+       "greedy top 2, scaling 1.5",
        ftplan::Method::full, false, 4, false, false, "", "deepseek_v2", false, "",
-       {{"topk_method", "greedy"}, {"norm_topk_prob", false}}},
+       {{"topk_method", "greedy"}, {"norm_topk_prob", false},
+        {"rope_scaling", {{"type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 512}, {"beta_fast", 32},
+                          {"beta_slow", 1}, {"mscale", 0.707}, {"mscale_all_dim", 1.0}}}}},
       {"deepseek_v2 lora q_proj,kv_a_proj_with_mqa,kv_b_proj,o_proj, tied, group_limited_greedy 2 groups keep 1",
        ftplan::Method::lora, true, 4, false, false, "q_proj,kv_a_proj_with_mqa,kv_b_proj,o_proj", "deepseek_v2", false, "",
        {{"topk_method", "group_limited_greedy"}, {"n_group", 2}, {"topk_group", 1}, {"tie_word_embeddings", true}}},
-      {"deepseek_v3 full: q_a_proj/q_a_layernorm/q_b_proj (rank 24), interleaved RoPE, sigmoid noaux_tc 2 groups keep 1, "
-       "score bias, renormalised",
+      {"deepseek_v3 full: q_a_proj/q_a_layernorm/q_b_proj (rank 24), interleaved RoPE with YaRN (attention factor 1.0250, "
+       "softmax x 1.2341), sigmoid noaux_tc 2 groups keep 1, score bias, renormalised",
        ftplan::Method::full, false, 4, false, false, "", "deepseek_v3", true, "",
-       {{"q_lora_rank", 24}, {"n_group", 2}, {"topk_group", 1}, {"norm_topk_prob", true}, {"rope_interleave", true}}},
+       {{"q_lora_rank", 24}, {"n_group", 2}, {"topk_group", 1}, {"norm_topk_prob", true}, {"rope_interleave", true},
+        {"rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 512},
+                          {"mscale", 1.0}, {"mscale_all_dim", 0.8}}}}},
       {"deepseek_v3 lora q_a_proj,q_b_proj,kv_a_proj_with_mqa,kv_b_proj,o_proj, rotate-half RoPE, not renormalised",
        ftplan::Method::lora, false, 4, false, false, "q_a_proj,q_b_proj,kv_a_proj_with_mqa,kv_b_proj,o_proj", "deepseek_v3",
        false, "",

@@ -1187,6 +1187,52 @@ class GptOssForCausalLM(nn.Module):
 DEEPSEEK = ("deepseek_v2", "deepseek_v3")
 
 
+def yarn_get_mscale(scale=1, mscale=1):
+    # modeling_deepseek_v3.py @ f5a9ec51 (and modeling_rope_utils.py's get_mscale)
+    if scale <= 1:
+        return 1.0
+    return 0.1 * mscale * math.log(scale) + 1.0
+
+
+def deepseek_yarn(cfg, acc):
+    """DeepseekV2/V3RotaryEmbedding with rope_type yarn: ROPE_INIT_FUNCTIONS["yarn"], i.e. modeling_rope_utils.py
+    _compute_yarn_parameters in the version that reads mscale / mscale_all_dim (it carries the note "DeekSeek-V3 (and
+    potentially other models) modify max_position_embeddings ..."): factor = max_position_embeddings /
+    original_max_position_embeddings when the latter is given; attention_factor = get_mscale(factor, mscale) /
+    get_mscale(factor, mscale_all_dim) when both are set, else get_mscale(factor); beta_fast / beta_slow 32 / 1;
+    floor / ceil of the correction range over original_max_position_embeddings. dim = head_dim = qk_rope_head_dim.
+    Returns (inv_freq [dim / 2], attention_factor)."""
+    rs, base, dim = cfg.yarn, cfg.rope_theta, cfg.qk_rope_head_dim
+    factor = rs["factor"]
+    if "original_max_position_embeddings" in rs:
+        original = rs["original_max_position_embeddings"]
+        factor = cfg.max_position_embeddings / original
+    else:
+        original = cfg.max_position_embeddings
+    attention_factor = rs.get("attention_factor")
+    if attention_factor is None:
+        mscale, mscale_all_dim = rs.get("mscale"), rs.get("mscale_all_dim")
+        if mscale and mscale_all_dim:
+            attention_factor = float(yarn_get_mscale(factor, mscale) / yarn_get_mscale(factor, mscale_all_dim))
+        else:
+            attention_factor = yarn_get_mscale(factor)
+    beta_fast = rs.get("beta_fast") or 32
+    beta_slow = rs.get("beta_slow") or 1
+
+    def find_correction_dim(num_rotations):
+        return (dim * math.log(original / (num_rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low = max(math.floor(find_correction_dim(beta_fast)), 0)
+    high = min(math.ceil(find_correction_dim(beta_slow)), dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=acc) - low) / (high - low), 0, 1)
+    pos_freqs = base ** (torch.arange(0, dim, 2).to(acc) / dim)
+    extrapolation_factor = 1 - ramp
+    inv_freq = (1.0 / (factor * pos_freqs)) * (1 - extrapolation_factor) + (1.0 / pos_freqs) * extrapolation_factor
+    return inv_freq, attention_factor
+
+
 class DeepseekConfig:
     def __init__(self, c):
         t = c["model_type"]
@@ -1194,8 +1240,9 @@ class DeepseekConfig:
             raise ValueError(f"model_type {t}: not one of {DEEPSEEK}")
         self.model_type = t
         v3 = t == "deepseek_v3"
-        if c.get("rope_scaling") is not None:
-            raise ValueError("deepseek: the reference covers rope_scaling null")
+        rs = c.get("rope_scaling")
+        if rs is not None and rs.get("rope_type", rs.get("type")) != "yarn":
+            raise ValueError("deepseek: the reference covers rope_scaling null or yarn")
         self.vocab_size, self.hidden_size = c["vocab_size"], c["hidden_size"]
         self.intermediate_size, self.moe_intermediate_size = c["intermediate_size"], c["moe_intermediate_size"]
         self.num_hidden_layers, self.num_attention_heads = c["num_hidden_layers"], c["num_attention_heads"]
@@ -1208,6 +1255,15 @@ class DeepseekConfig:
         self.first_k_dense_replace = c.get("first_k_dense_replace", 3 if v3 else 0)
         self.rms_norm_eps = c.get("rms_norm_eps", 1e-6)
         self.rope_theta, self.rope_scaling = c.get("rope_theta", 10000.0), None
+        self.max_position_embeddings = c.get("max_position_embeddings", 2048)
+        self.yarn = rs  # None, or the rope_scaling dict of a yarn config (deepseek_yarn)
+        # DeepseekV3Attention.__init__ (@ f5a9ec51): with rope_scaling and a non-zero mscale_all_dim,
+        # scaling = qk_head_dim**-0.5 * yarn_get_mscale(rope_scaling["factor"], mscale_all_dim)**2; DeepseekV2Attention
+        # (@ 03eac6f6) keeps qk_head_dim**-0.5.
+        self.softmax_mult = 1.0
+        if v3 and rs is not None and rs.get("mscale_all_dim", 0):
+            m = yarn_get_mscale(rs["factor"], rs["mscale_all_dim"])
+            self.softmax_mult = m * m
         self.tie_word_embeddings = c.get("tie_word_embeddings", False)
         self.routed_scaling_factor = c.get("routed_scaling_factor", 2.5 if v3 else 1.0)
         self.topk_method = c.get("topk_method", "noaux_tc" if v3 else "greedy")
@@ -1239,7 +1295,7 @@ class DeepseekAttention(nn.Module):
         """V2: complex rotation of interleaved pairs in fp32; V3: (interleave then) rotate-half with cos/sin in the
         compute dtype."""
         if self.cfg.model_type == "deepseek_v2":
-            freqs_cis = torch.polar(torch.ones_like(freqs), freqs)  # [S, rope / 2], complex
+            freqs_cis = torch.polar(torch.ones_like(freqs), freqs) * self.cfg.attention_factor  # [S, rope / 2], complex
             acc = acc_dtype(q_pe.dtype)
 
             def rot(x):
@@ -1247,7 +1303,8 @@ class DeepseekAttention(nn.Module):
                 return torch.view_as_real(xc * freqs_cis[None, None]).flatten(3).type_as(x)
             return rot(q_pe), rot(k_pe)
         emb = torch.cat((freqs, freqs), dim=-1)
-        cos, sin = emb.cos().to(q_pe.dtype)[None, None], emb.sin().to(q_pe.dtype)[None, None]
+        af = self.cfg.attention_factor  # DeepseekV3RotaryEmbedding: cos and sin * attention_scaling, then cast
+        cos, sin = (emb.cos() * af).to(q_pe.dtype)[None, None], (emb.sin() * af).to(q_pe.dtype)[None, None]
         if self.cfg.rope_interleave:
             def inter(x):
                 b, hh, s, d = x.shape
@@ -1273,7 +1330,7 @@ class DeepseekAttention(nn.Module):
         k_pe = k_pe.expand(*k_nope.shape[:-1], -1)
         q = torch.cat((q_nope, q_pe), dim=-1)
         k = torch.cat((k_nope, k_pe), dim=-1)
-        scores = torch.matmul(q, k.transpose(2, 3)) * self.qk_head_dim ** -0.5 + mask
+        scores = torch.matmul(q, k.transpose(2, 3)) * (self.qk_head_dim ** -0.5 * cfg.softmax_mult) + mask
         probs = F.softmax(scores, dim=-1, dtype=acc_dtype(q.dtype)).to(q.dtype)
         out = torch.matmul(probs, v).transpose(1, 2).contiguous().reshape(b, s, -1)
         return self.o_proj(out)
@@ -1379,7 +1436,10 @@ class DeepseekForCausalLM(nn.Module):
     def forward(self, input_ids):
         s = input_ids.shape[1]
         x = self.model.embed_tokens(input_ids)
-        inv_freq = rope_inv_freq(self.cfg, acc_dtype(x.dtype))  # over head_dim = qk_rope_head_dim
+        if self.cfg.yarn is not None:
+            inv_freq, self.cfg.attention_factor = deepseek_yarn(self.cfg, acc_dtype(x.dtype))
+        else:
+            inv_freq, self.cfg.attention_factor = rope_inv_freq(self.cfg, acc_dtype(x.dtype)), 1.0  # head_dim = rope
         freqs = torch.outer(torch.arange(s, dtype=inv_freq.dtype), inv_freq)  # [S, rope / 2]
         mask = torch.full((s, s), torch.finfo(x.dtype).min, dtype=x.dtype).triu(1)
         for layer in self.model.layers:
