@@ -519,23 +519,32 @@ class Qwen2MoeDecoderLayer(DecoderLayer):
 DECODER_LAYERS = {"mixtral": MixtralDecoderLayer, "qwen2_moe": Qwen2MoeDecoderLayer}
 
 
-class Backbone(nn.Module):  # LlamaModel
-    def __init__(self, cfg):
+class Backbone(nn.Module):
+    """LlamaModel and every family's *Model: embed_tokens, layers, norm (the names the checkpoints carry)."""
+
+    def __init__(self, cfg, layer=None, norm=None):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        layer = DECODER_LAYERS.get(cfg.model_type, DecoderLayer)
+        layer = layer or DECODER_LAYERS.get(cfg.model_type, DecoderLayer)
         self.layers = nn.ModuleList(layer(cfg, i) for i in range(cfg.num_hidden_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.norm = norm(cfg) if norm else RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
-class LlamaForCausalLM(nn.Module):
-    def __init__(self, cfg):
+class CausalLM(nn.Module):
+    """Every family's *ForCausalLM: the backbone and lm_head, tied to embed_tokens when tie_word_embeddings."""
+
+    def __init__(self, cfg, backbone):
         super().__init__()
         self.cfg = cfg
-        self.model = Backbone(cfg)
+        self.model = backbone
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight  # one Parameter, two uses
+
+
+class LlamaForCausalLM(CausalLM):
+    def __init__(self, cfg):
+        super().__init__(cfg, Backbone(cfg))
 
     def init_weights(self, seed):
         """HF's _init_weights: linears and the embedding N(0, 0.02), biases 0, norms 1."""
@@ -875,22 +884,9 @@ class FamilyDecoderLayer(nn.Module):
         return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
 
 
-class FamilyBackbone(nn.Module):
+class FamilyForCausalLM(CausalLM):
     def __init__(self, cfg):
-        super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(FamilyDecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
-        self.norm = family_norm(cfg, cfg.hidden_size)
-
-
-class FamilyForCausalLM(nn.Module):
-    def __init__(self, cfg):
-        super().__init__()
-        self.cfg = cfg
-        self.model = FamilyBackbone(cfg)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        if cfg.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
+        super().__init__(cfg, Backbone(cfg, FamilyDecoderLayer, lambda c: family_norm(c, c.hidden_size)))
 
     def forward(self, input_ids):
         cfg = self.cfg
@@ -1120,22 +1116,9 @@ class GptOssDecoderLayer(nn.Module):
         return x + y
 
 
-class GptOssBackbone(nn.Module):
+class GptOssForCausalLM(CausalLM):
     def __init__(self, cfg):
-        super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(GptOssDecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
-        self.norm = GptOssRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-
-
-class GptOssForCausalLM(nn.Module):
-    def __init__(self, cfg):
-        super().__init__()
-        self.cfg = cfg
-        self.model = GptOssBackbone(cfg)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        if cfg.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
+        super().__init__(cfg, Backbone(cfg, GptOssDecoderLayer, lambda c: GptOssRMSNorm(c.hidden_size, c.rms_norm_eps)))
 
     def forward(self, input_ids):
         s = input_ids.shape[1]
@@ -1416,22 +1399,9 @@ class DeepseekDecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class DeepseekBackbone(nn.Module):
+class DeepseekForCausalLM(CausalLM):
     def __init__(self, cfg):
-        super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DeepseekDecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-
-
-class DeepseekForCausalLM(nn.Module):
-    def __init__(self, cfg):
-        super().__init__()
-        self.cfg = cfg
-        self.model = DeepseekBackbone(cfg)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        if cfg.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
+        super().__init__(cfg, Backbone(cfg, DeepseekDecoderLayer))
 
     def forward(self, input_ids):
         s = input_ids.shape[1]
