@@ -88,51 +88,70 @@ bool moe_layer(const ftplan::ModelSpec& spec, int64_t layer) {
   return spec.moe.active() && spec.moe.moe_layers.at(static_cast<size_t>(layer));
 }
 
-std::vector<std::pair<std::string, at::Tensor*>> moe_named_tensors(MoeBlock& b, const ftplan::ModelSpec& spec) {
+namespace {
+
+// One tensor of the block: its checkpoint name ("experts.*." for the stacked experts), its shape and the member
+// that holds it. The one list both the tensors and their shapes are read from, in the parameter order.
+struct MoeSlot {
+  std::string name;
+  std::vector<int64_t> shape;
+  at::Tensor MoeBlock::*member;
+};
+
+std::vector<MoeSlot> moe_slots(const ftplan::ModelSpec& spec) {
+  const int64_t E = spec.moe.num_experts, I = spec.moe.expert_intermediate_size, h = spec.hidden_size;
   const auto& n = spec.moe.expert_names;  // gate, up, down: e.g. gate_proj, up_proj, down_proj; w1, w3, w2
   const std::string p = spec.moe.module + ".";  // e.g. "mlp.", "block_sparse_moe."
-  if (spec.moe.fused_expert_params)  // gpt-oss: GptOssMLP's router and experts, in their parameter order
-    return {{p + spec.moe.router_name + ".weight", &b.gate},
-            {p + spec.moe.router_name + ".bias", &b.router_bias},
-            {p + "experts.gate_up_proj", &b.gate_up_proj},
-            {p + "experts.gate_up_proj_bias", &b.gate_up_proj_bias},
-            {p + "experts.down_proj", &b.down_proj},
-            {p + "experts.down_proj_bias", &b.down_proj_bias}};
-  std::vector<std::pair<std::string, at::Tensor*>> out{{p + spec.moe.router_name + ".weight", &b.gate},
-                                                       {p + "experts.*." + n.at(0) + ".weight", &b.gate_proj},
-                                                       {p + "experts.*." + n.at(1) + ".weight", &b.up_proj},
-                                                       {p + "experts.*." + n.at(2) + ".weight", &b.down_proj}};
-  if (spec.moe.shared_expert_gate) out.emplace_back(p + "shared_expert_gate.weight", &b.shared_expert_gate);
+  if (spec.moe.fused_expert_params)  // gpt-oss: GptOssTopKRouter, GptOssExperts
+    return {{p + spec.moe.router_name + ".weight", {E, h}, &MoeBlock::gate},
+            {p + spec.moe.router_name + ".bias", {E}, &MoeBlock::router_bias},
+            {p + "experts.gate_up_proj", {E, h, 2 * I}, &MoeBlock::gate_up_proj},
+            {p + "experts.gate_up_proj_bias", {E, 2 * I}, &MoeBlock::gate_up_proj_bias},
+            {p + "experts.down_proj", {E, I, h}, &MoeBlock::down_proj},
+            {p + "experts.down_proj_bias", {E, h}, &MoeBlock::down_proj_bias}};
+  std::vector<MoeSlot> out{{p + spec.moe.router_name + ".weight", {E, h}, &MoeBlock::gate},
+                           {p + "experts.*." + n.at(0) + ".weight", {E, I, h}, &MoeBlock::gate_proj},
+                           {p + "experts.*." + n.at(1) + ".weight", {E, I, h}, &MoeBlock::up_proj},
+                           {p + "experts.*." + n.at(2) + ".weight", {E, h, I}, &MoeBlock::down_proj}};
+  if (spec.moe.shared_expert_gate) out.push_back({p + "shared_expert_gate.weight", {1, h}, &MoeBlock::shared_expert_gate});
   return out;
+}
+
+// DeepSeek-V3's e_score_correction_bias, the block's one buffer.
+std::vector<MoeSlot> moe_buffer_slots(const ftplan::ModelSpec& spec) {
+  if (!spec.moe.router_score_bias) return {};
+  return {{spec.moe.module + "." + spec.moe.router_name + ".e_score_correction_bias", {spec.moe.num_experts},
+           &MoeBlock::score_bias}};
+}
+
+std::vector<std::pair<std::string, at::Tensor*>> tensors_of(MoeBlock& b, const std::vector<MoeSlot>& slots) {
+  std::vector<std::pair<std::string, at::Tensor*>> out;
+  for (const auto& s : slots) out.emplace_back(s.name, &(b.*s.member));
+  return out;
+}
+
+std::vector<std::pair<std::string, std::vector<int64_t>>> shapes_of(const std::vector<MoeSlot>& slots) {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> out;
+  for (const auto& s : slots) out.emplace_back(s.name, s.shape);
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, at::Tensor*>> moe_named_tensors(MoeBlock& b, const ftplan::ModelSpec& spec) {
+  return tensors_of(b, moe_slots(spec));
 }
 
 std::vector<std::pair<std::string, std::vector<int64_t>>> moe_tensor_shapes(const ftplan::ModelSpec& spec) {
-  const int64_t E = spec.moe.num_experts, I = spec.moe.expert_intermediate_size, h = spec.hidden_size;
-  const auto& n = spec.moe.expert_names;
-  const std::string p = spec.moe.module + ".";
-  if (spec.moe.fused_expert_params)  // gpt-oss: GptOssTopKRouter, GptOssExperts
-    return {{p + spec.moe.router_name + ".weight", {E, h}},
-            {p + spec.moe.router_name + ".bias", {E}},
-            {p + "experts.gate_up_proj", {E, h, 2 * I}},
-            {p + "experts.gate_up_proj_bias", {E, 2 * I}},
-            {p + "experts.down_proj", {E, I, h}},
-            {p + "experts.down_proj_bias", {E, h}}};
-  std::vector<std::pair<std::string, std::vector<int64_t>>> out{{p + spec.moe.router_name + ".weight", {E, h}},
-                                                                {p + "experts.*." + n.at(0) + ".weight", {E, I, h}},
-                                                                {p + "experts.*." + n.at(1) + ".weight", {E, I, h}},
-                                                                {p + "experts.*." + n.at(2) + ".weight", {E, h, I}}};
-  if (spec.moe.shared_expert_gate) out.push_back({p + "shared_expert_gate.weight", {1, h}});
-  return out;
+  return shapes_of(moe_slots(spec));
 }
 
 std::vector<std::pair<std::string, at::Tensor*>> moe_named_buffers(MoeBlock& b, const ftplan::ModelSpec& spec) {
-  if (!spec.moe.router_score_bias) return {};
-  return {{spec.moe.module + "." + spec.moe.router_name + ".e_score_correction_bias", &b.score_bias}};
+  return tensors_of(b, moe_buffer_slots(spec));
 }
 
 std::vector<std::pair<std::string, std::vector<int64_t>>> moe_buffer_shapes(const ftplan::ModelSpec& spec) {
-  if (!spec.moe.router_score_bias) return {};
-  return {{spec.moe.module + "." + spec.moe.router_name + ".e_score_correction_bias", {spec.moe.num_experts}}};
+  return shapes_of(moe_buffer_slots(spec));
 }
 
 namespace {

@@ -103,8 +103,13 @@ nlohmann::json measured(const std::string& args) {
 
 std::vector<double> losses(const nlohmann::json& m) { return m["loss"].get<std::vector<double>>(); }
 
-// The parameters a checkpoint's tensors hold (names and shapes as llama_expected_tensors lists them).
-int64_t params_of(const std::vector<std::pair<std::string, std::vector<int64_t>>>& tensors) {
+// A checkpoint's tensors as llama_expected_tensors lists them, and as a map name -> shape to look them up.
+using TensorList = std::vector<std::pair<std::string, std::vector<int64_t>>>;
+using Shapes = std::map<std::string, std::vector<int64_t>>;
+Shapes shapes_of(const TensorList& list) { return Shapes(list.begin(), list.end()); }
+
+// The parameters a checkpoint's tensors hold.
+int64_t params_of(const TensorList& tensors) {
   int64_t total = 0;
   for (const auto& [name, shape] : tensors) {
     int64_t n = 1;
@@ -213,7 +218,7 @@ TEST_CASE("the load-balancing loss is on by the config and off by moe.aux_loss f
 TEST_CASE("checkpoints carry each family's Hugging Face names: q/k norms, the router, one tensor per expert", "[executor][family]") {
   SECTION("the expected tensors of the shipped configs") {
     const auto qwen3 = ftexec::llama_expected_tensors(ftplan::load_model("qwen3-8b"));
-    std::map<std::string, std::vector<int64_t>> q(qwen3.begin(), qwen3.end());
+    const Shapes q = shapes_of(qwen3);
     CHECK(q.at("model.layers.35.self_attn.q_norm.weight") == std::vector<int64_t>{128});
     CHECK(q.at("model.layers.0.self_attn.k_norm.weight") == std::vector<int64_t>{128});
     CHECK(q.at("model.layers.0.mlp.gate_proj.weight") == std::vector<int64_t>{12288, 4096});
@@ -222,7 +227,7 @@ TEST_CASE("checkpoints carry each family's Hugging Face names: q/k norms, the ro
 
     const auto moe_spec = ftplan::load_model("qwen3-30b-a3b");
     const auto moe = ftexec::llama_expected_tensors(moe_spec);
-    std::map<std::string, std::vector<int64_t>> m(moe.begin(), moe.end());
+    const Shapes m = shapes_of(moe);
     CHECK(m.at("model.layers.47.mlp.gate.weight") == std::vector<int64_t>{128, 2048});
     CHECK(m.at("model.layers.0.mlp.experts.127.gate_proj.weight") == std::vector<int64_t>{768, 2048});
     CHECK(m.at("model.layers.0.mlp.experts.0.up_proj.weight") == std::vector<int64_t>{768, 2048});
@@ -238,7 +243,7 @@ TEST_CASE("checkpoints carry each family's Hugging Face names: q/k norms, the ro
     // model.safetensors.index.json); 32 x (2 norms + 4 attention + router + 8 x 3 experts) + 3 = 995.
     const auto mixtral_spec = ftplan::load_model("mixtral-8x7b");
     const auto mixtral = ftexec::llama_expected_tensors(mixtral_spec);
-    std::map<std::string, std::vector<int64_t>> x(mixtral.begin(), mixtral.end());
+    const Shapes x = shapes_of(mixtral);
     CHECK(x.at("model.layers.31.block_sparse_moe.gate.weight") == std::vector<int64_t>{8, 4096});
     CHECK(x.at("model.layers.0.block_sparse_moe.experts.7.w1.weight") == std::vector<int64_t>{14336, 4096});
     CHECK(x.at("model.layers.0.block_sparse_moe.experts.0.w3.weight") == std::vector<int64_t>{14336, 4096});
@@ -250,7 +255,7 @@ TEST_CASE("checkpoints carry each family's Hugging Face names: q/k norms, the ro
     // + router + 60 x 3 + 3 shared + shared_expert_gate) + 3 = 4659.
     const auto qwen2_spec = ftplan::load_model("qwen1.5-moe-a2.7b-chat");
     const auto qwen2 = ftexec::llama_expected_tensors(qwen2_spec);
-    std::map<std::string, std::vector<int64_t>> w(qwen2.begin(), qwen2.end());
+    const Shapes w = shapes_of(qwen2);
     CHECK(w.at("model.layers.0.self_attn.q_proj.bias") == std::vector<int64_t>{2048});
     CHECK(w.count("model.layers.0.self_attn.o_proj.bias") == 0);
     CHECK(w.at("model.layers.23.mlp.gate.weight") == std::vector<int64_t>{60, 2048});
@@ -269,7 +274,7 @@ TEST_CASE("checkpoints carry each family's Hugging Face names: q/k norms, the ro
     // (first_k_dense_replace 1), 64 routed experts of 1408, shared_experts of 2 x 1408, q_proj (q_lora_rank null).
     const auto spec = ftplan::load_model("deepseek-v2-lite");
     const auto list = ftexec::llama_expected_tensors(spec);
-    std::map<std::string, std::vector<int64_t>> d(list.begin(), list.end());
+    const Shapes d = shapes_of(list);
     CHECK(d.at("model.layers.0.self_attn.q_proj.weight") == std::vector<int64_t>{3072, 2048});  // 16 x (128 + 64)
     CHECK(d.at("model.layers.0.self_attn.kv_a_proj_with_mqa.weight") == std::vector<int64_t>{576, 2048});
     CHECK(d.at("model.layers.0.self_attn.kv_a_layernorm.weight") == std::vector<int64_t>{512});
@@ -290,7 +295,7 @@ TEST_CASE("checkpoints carry each family's Hugging Face names: q/k norms, the ro
   SECTION("DeepSeek-V3 (tiny): q_a_proj, q_a_layernorm, q_b_proj and the router's e_score_correction_bias") {
     const auto spec = spec_of(kDeepseekV3);
     const auto list = ftexec::llama_expected_tensors(spec);
-    std::map<std::string, std::vector<int64_t>> d(list.begin(), list.end());
+    const Shapes d = shapes_of(list);
     CHECK(d.at("model.layers.1.self_attn.q_a_proj.weight") == std::vector<int64_t>{24, 64});
     CHECK(d.at("model.layers.1.self_attn.q_a_layernorm.weight") == std::vector<int64_t>{24});
     CHECK(d.at("model.layers.1.self_attn.q_b_proj.weight") == std::vector<int64_t>{96, 24});  // 4 x (16 + 8)
@@ -481,7 +486,7 @@ TEST_CASE("Gemma 2/3, Phi-3 and OLMo 2 checkpoints carry Hugging Face's names: f
     const auto list = ftexec::llama_expected_tensors(spec);
     const int64_t params = params_of(list);
     CHECK(params == ftplan::count_params(spec).total);
-    return std::make_pair(std::map<std::string, std::vector<int64_t>>(list.begin(), list.end()), list.size());
+    return std::make_pair(shapes_of(list), list.size());
   };
   SECTION("Gemma 2 2B: input_, post_attention_, pre_feedforward_, post_feedforward_layernorm, tied head") {
     const auto [g, n] = expected("gemma-2-2b");
@@ -558,7 +563,7 @@ TEST_CASE("the Gemma 3 multimodal wrapper: ftexec trains its decoder under the c
   SECTION("gemma-3-4b: the decoder's names behind language_model., the vision tower not among them") {
     const auto spec = ftplan::load_model("gemma-3-4b");
     const auto list = ftexec::llama_expected_tensors(spec);
-    std::map<std::string, std::vector<int64_t>> g(list.begin(), list.end());
+    const Shapes g = shapes_of(list);
     CHECK(g.at("language_model.model.embed_tokens.weight") == std::vector<int64_t>{262208, 2560});
     CHECK(g.at("language_model.model.layers.33.self_attn.k_norm.weight") == std::vector<int64_t>{256});
     CHECK(list.size() == size_t(34 * 13 + 2));
@@ -714,7 +719,7 @@ TEST_CASE("gpt-oss: mxfp4 experts are dequantised on load as transformers does; 
   SECTION("gpt-oss-20b: the hub's tensor names and shapes, and the planner's parameter count") {
     const auto spec = ftplan::load_model("gpt-oss-20b");
     const auto list = ftexec::llama_expected_tensors(spec);
-    std::map<std::string, std::vector<int64_t>> g(list.begin(), list.end());
+    const Shapes g = shapes_of(list);
     CHECK(g.at("model.layers.23.self_attn.sinks") == std::vector<int64_t>{64});
     CHECK(g.at("model.layers.0.self_attn.q_proj.bias") == std::vector<int64_t>{4096});
     CHECK(g.at("model.layers.0.self_attn.o_proj.bias") == std::vector<int64_t>{2880});

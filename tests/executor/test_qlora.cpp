@@ -150,21 +150,14 @@ TEST_CASE("QLoRA trains the adapters on NF4 block linears; the loss falls", "[ex
 }
 
 TEST_CASE("QLoRA's measured peak is within 10% of the planner's estimate", "[executor][qlora][memory]") {
-  ftplan::TrainingSetup setup;
-  setup.framework = "ftexec";  // the prediction of what ftexec does
-  setup.model = "tiny-test";
-  setup.gpu = "cpu";
+  // The measured-vs-planned job (framework ftexec, fp32, eager, single, CPU) with QLoRA on every linear.
+  ftplan::TrainingSetup setup = ftexec_test::activation_memory_setup("tiny-test");
   setup.method = ftplan::Method::qlora;
   setup.lora.rank = 8;
   setup.lora.targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
-  setup.precision = ftplan::Precision::fp32;
   setup.seq_len = 64;
   setup.micro_batch = 4;
-  setup.attention = ftplan::Attention::eager;
-  setup.checkpointing = ftplan::Checkpointing::none;
-  setup.strategy = ftplan::Strategy::single;
   setup.steps = 2;
-  setup.device = "cpu";
   ExecJob job = make_exec_job(setup, "cpu");
   job.threads = 2;
   const nlohmann::json measured = run_job(job);
