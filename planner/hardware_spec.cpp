@@ -183,7 +183,7 @@ HardwareSpec parse(const nlohmann::json& j, const std::string& id, const std::st
                            "inter_node_bandwidth_bytes_per_s", "pcie_host_bandwidth_bytes_per_s",
                            "host_memory_bytes_per_node", "price_usd_per_gpu_hour", "price_date",
                            "matmul_efficiency", "comm_latency_s", "framework_overhead_bytes",
-                           "topology", "sources"},
+                           "usable_memory_bytes", "topology", "sources"},
                        where);
   });
   problems.check([&] {
@@ -196,6 +196,15 @@ HardwareSpec parse(const nlohmann::json& j, const std::string& id, const std::st
       fail_input(where + ": kind: '" + hw.kind + "' is not \"gpu\" or \"cpu\"");
   });
   problems.check([&] { hw.memory_bytes = read_int(j, "memory_bytes", where, kMiB, kTiB); });
+  problems.check([&] {
+    if (!has_field(j, "usable_memory_bytes")) return;
+    hw.usable_memory_bytes = read_int(j, "usable_memory_bytes", where, kMiB, kTiB);
+    if (hw.memory_bytes > 0 && hw.usable_memory_bytes > hw.memory_bytes)
+      fail_input(where + ": usable_memory_bytes: " + std::to_string(hw.usable_memory_bytes) +
+                 " is more than memory_bytes " + std::to_string(hw.memory_bytes));
+    if (!j.contains("sources") || !j.at("sources").is_object() || !j.at("sources").contains("usable_memory_bytes"))
+      fail_input(where + ": sources: missing source for usable_memory_bytes");
+  });
   problems.check([&] {
     const std::string w = where + ": peak_flops";
     if (!has_field(j, "peak_flops")) fail_input(w + ": missing");
@@ -271,7 +280,7 @@ HardwareSpec parse(const nlohmann::json& j, const std::string& id, const std::st
     if (!s.is_object()) fail_input(w + ": expected an object");
     Problems inner;
     for (auto it = s.begin(); it != s.end(); ++it) {
-      bool known = it.key() == "topology";
+      bool known = it.key() == "topology" || (it.key() == "usable_memory_bytes" && has_field(j, "usable_memory_bytes"));
       for (const char* f : kSourcedFigures) known = known || it.key() == f;
       if (!known) inner.add(w + ": " + it.key() + ": unknown key (not a figure of this file)");
       else if (!it->is_string() || it->get<std::string>().empty())

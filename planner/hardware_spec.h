@@ -52,6 +52,10 @@ struct HardwareSpec {
   std::string name;                        // e.g. "NVIDIA A100 80GB SXM4"
   std::string kind = "gpu";                // "gpu", or "cpu" for the host-only test device
   int64_t memory_bytes = 0;                // device memory, e.g. 85899345920 (80 GiB)
+  // What one process can allocate: cudaMemGetInfo's total, torch's "total capacity" in its out-of-memory
+  // message (nvidia-smi's total less the memory the driver reserves). Equals memory_bytes where the hwdb
+  // file has no usable_memory_bytes. Fits is judged against it.
+  int64_t usable_memory_bytes = 0;
   double peak_flops_fp32 = 0;              // dense, FLOP/s
   double peak_flops_tf32 = 0;              // dense, FLOP/s; 0 where the GPU has no TF32
   double peak_flops_bf16 = 0;              // dense bf16/fp16 tensor-core FLOP/s
@@ -75,6 +79,11 @@ struct HardwareSpec {
   EfficiencyModel efficiency;              // a calibration's parameters (planner/calibration.h), else unset
   std::map<std::string, std::string> sources;  // figure name -> where it comes from
 };
+
+// The device memory fits is judged against: usable_memory_bytes where the hwdb file states it, else memory_bytes.
+inline int64_t usable_device_bytes(const HardwareSpec& hw) {
+  return hw.usable_memory_bytes > 0 ? hw.usable_memory_bytes : hw.memory_bytes;
+}
 
 // Parses and validates one hwdb file's JSON; `id` is the file stem used in messages.
 HardwareSpec hardware_spec_from_json(const nlohmann::json& j, const std::string& id);

@@ -196,7 +196,7 @@ Figures figures(int64_t tensor_bytes, const HardwareSpec& hw, const FrameworkPro
 
 void finish(MemoryEstimate& e, const HardwareSpec& hw, const TrainingSetup& setup, bool explain) {
   auto& m = e.per_gpu;
-  e.usable_bytes = static_cast<int64_t>(hw.memory_bytes * (1.0 - setup.headroom_fraction));
+  e.usable_bytes = static_cast<int64_t>(double(usable_device_bytes(hw)) * (1.0 - setup.headroom_fraction));
   const double host_node = setup.host_memory_gib ? *setup.host_memory_gib * double(1ll << 30)
                                                  : double(hw.host_memory_bytes_per_node);
   e.host_usable_bytes = static_cast<int64_t>(host_node * (1.0 - setup.headroom_fraction));
@@ -208,8 +208,9 @@ void finish(MemoryEstimate& e, const HardwareSpec& hw, const TrainingSetup& setu
   if (!device_fits) {
     r << "out of memory by " << format_gib(e.fit_bytes - e.usable_bytes) << ": needs " << format_gib(e.fit_bytes)
       << " per GPU (" << e.peak_phase << (e.peak_phase == "step" ? ", " + std::string(e.peak_moment) : "") << "), " << hw.id
-      << " has " << format_gib(e.usable_bytes) << " usable (" << format_gib(hw.memory_bytes) << " less "
-      << setup.headroom_fraction * 100 << "% headroom)";
+      << " has " << format_gib(e.usable_bytes) << " usable (" << format_gib(usable_device_bytes(hw))
+      << (usable_device_bytes(hw) < hw.memory_bytes ? " a process can allocate of " + format_gib(hw.memory_bytes) : std::string())
+      << ", less " << setup.headroom_fraction * 100 << "% headroom)";
   }
   if (!host_fits) {
     if (!device_fits) r << "; ";
@@ -909,8 +910,12 @@ std::vector<std::string> memory_assumptions(const ModelSpec& model, const Hardwa
                   "FSDP keeps its last unit gathered from forward into backward" +
                   (fw.fsdp_no_sync_unsharded_grads ? ", and unsharded gradients between accumulated micro-batches" : ""));
   std::ostringstream fit;
-  fit << "fits: device <= " << (1 - setup.headroom_fraction) * 100 << "% of " << format_gib(hw.memory_bytes)
-      << " (" << hw.name << ") and host <= " << (1 - setup.headroom_fraction) * 100 << "% of "
+  fit << "fits: device <= " << (1 - setup.headroom_fraction) * 100 << "% of " << format_gib(usable_device_bytes(hw))
+      << (usable_device_bytes(hw) < hw.memory_bytes
+              ? " (what a process can allocate on the " + hw.name + ", torch's total capacity: nvidia-smi's " +
+                    format_gib(hw.memory_bytes) + " less the driver's reserve)"
+              : " (" + hw.name + ")")
+      << " and host <= " << (1 - setup.headroom_fraction) * 100 << "% of "
       << format_gib(setup.host_memory_gib ? *setup.host_memory_gib * double(1ll << 30) : double(hw.host_memory_bytes_per_node))
       << " per node";
   lines.push_back(fit.str());

@@ -35,12 +35,12 @@ std::string gib(double bytes, int decimals = 2) { return format_fixed(bytes / kB
 int64_t usable_bytes(const PlanResult& plan, const HardwareSpec& hw, const TrainingSetup& setup) {
   for (const auto& o : plan.strategies)
     if (o.best.memory.usable_bytes > 0) return o.best.memory.usable_bytes;
-  return static_cast<int64_t>(double(hw.memory_bytes) * (1 - setup.headroom_fraction));
+  return static_cast<int64_t>(double(usable_device_bytes(hw)) * (1 - setup.headroom_fraction));
 }
 
 std::string usable_text(int64_t usable, const HardwareSpec& hw, const TrainingSetup& setup) {
-  return gib(double(usable)) + " GiB usable on one " + hw.id + " (" + gib(double(hw.memory_bytes)) +
-         " GiB as nvidia-smi reports it, less " + format_fixed(setup.headroom_fraction * 100, 0) + "% headroom)";
+  return gib(double(usable)) + " GiB usable on one " + hw.id + " (" + gib(double(usable_device_bytes(hw))) +
+         " GiB a process can allocate of the " + gib(double(hw.memory_bytes)) + " GiB nvidia-smi reports, less " + format_fixed(setup.headroom_fraction * 100, 0) + "% headroom)";
 }
 
 bool reads_as_number(const std::string& cell) {
@@ -339,7 +339,10 @@ std::vector<std::string> report_assumptions(const ModelSpec& model, const Hardwa
   std::vector<std::string> lines;
   lines.push_back("GPU: " + hw.name + " (hwdb " + hw.id + "): " + gib(double(hw.memory_bytes)) +
                   " GiB as nvidia-smi reports it, " +
-                  gib(double(hw.memory_bytes) * (1 - setup.headroom_fraction)) + " GiB usable after " +
+                  (usable_device_bytes(hw) < hw.memory_bytes
+                       ? gib(double(usable_device_bytes(hw))) + " GiB a process can allocate (torch's total capacity), "
+                       : std::string()) +
+                  gib(double(usable_device_bytes(hw)) * (1 - setup.headroom_fraction)) + " GiB usable after " +
                   format_fixed(setup.headroom_fraction * 100, 0) + "% headroom; dense bf16 peak " +
                   format_fixed(hw.peak_flops_bf16 / 1e12, 1) + " TFLOP/s; " + std::to_string(hw.gpus_per_node) +
                   " GPUs per node");

@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -219,6 +220,15 @@ TEST_CASE("hwdb: bad files are rejected naming the file and the field", "[hwdb]"
     j["memory_bytes"] = -5;
     CHECK_THROWS_WITH(load(), StartsWith("hwdb/h100-sxm.json: memory_bytes: -5 is out of range"));
   }
+  SECTION("usable memory above the card's memory") {
+    j["usable_memory_bytes"] = j["memory_bytes"].get<int64_t>() + 1;
+    j["sources"]["usable_memory_bytes"] = "a test";
+    CHECK_THROWS_WITH(load(), StartsWith("hwdb/h100-sxm.json: usable_memory_bytes:") && Contains("is more than memory_bytes"));
+  }
+  SECTION("usable memory without its source") {
+    j["sources"].erase("usable_memory_bytes");
+    CHECK_THROWS_WITH(load(), Contains("missing source for usable_memory_bytes"));
+  }
   SECTION("negative bandwidth") {
     j["intra_node_link"]["bandwidth_bytes_per_s"] = -3.6e11;
     CHECK_THROWS_WITH(load(), Contains("intra_node_link: bandwidth_bytes_per_s") && Contains("out of range"));
@@ -339,4 +349,25 @@ TEST_CASE("hwdb: unknown ids and user files", "[hwdb]") {
   // A path works like an id; messages name the path.
   const std::string path = ftplan::data_dir() + "/hwdb/l40s.json";
   CHECK(ftplan::load_hardware(path).id == "l40s");
+}
+
+// What a process can allocate is torch's "total capacity" (cudaMemGetInfo's total): nvidia-smi's total less
+// the memory the driver reserves, as torch's out-of-memory messages print it (the hwdb sources cite them).
+TEST_CASE("hwdb: usable memory is torch's total capacity, below nvidia-smi's total", "[hwdb]") {
+  const auto [id, usable_gib_printed] = GENERATE(table<std::string, double>({
+      {"a100-80gb-sxm", 79.14}, {"a100-40gb-sxm", 39.50}, {"h100-sxm", 79.11}, {"rtx-4090", 23.64}, {"rtx-3090", 23.70}}));
+  CAPTURE(id);
+  const auto hw = ftplan::load_hardware(id);
+  // Stored as whole MiB: within half a MiB of the printed figure's rounding (0.005 GiB).
+  CHECK(std::abs(double(hw.usable_memory_bytes) / double(1LL << 30) - usable_gib_printed) <= 0.005);
+  CHECK(hw.usable_memory_bytes % (1LL << 20) == 0);
+  CHECK(ftplan::usable_device_bytes(hw) == hw.usable_memory_bytes);
+  // The driver's reserve is 0.3-0.9 GiB on these cards.
+  const double reserve_gib = double(hw.memory_bytes - hw.usable_memory_bytes) / double(1LL << 30);
+  CHECK(reserve_gib > 0.25);
+  CHECK(reserve_gib < 0.9);
+  // A file without the key falls back to memory_bytes.
+  auto plain = hw;
+  plain.usable_memory_bytes = 0;
+  CHECK(ftplan::usable_device_bytes(plain) == hw.memory_bytes);
 }

@@ -238,8 +238,8 @@ TEST_CASE("a job that does not fit is a result with a reason", "[memory]") {
   CHECK(e.per_gpu.total > e.usable_bytes);
   CHECK_THAT(e.reason, Catch::Matchers::StartsWith("out of memory by"));
   CHECK_THAT(e.reason, Catch::Matchers::Contains("rtx-3090"));
-  // The usable memory is memory × (1 − headroom).
-  CHECK(e.usable_bytes == static_cast<int64_t>(hw.memory_bytes * 0.95));
+  // The usable memory is what a process can allocate × (1 − headroom).
+  CHECK(e.usable_bytes == static_cast<int64_t>(double(hw.usable_memory_bytes) * 0.95));
 
   SECTION("a job that fits has no reason") {
     const auto tiny = load_model("tinyllama-1.1b");
@@ -509,4 +509,26 @@ TEST_CASE("gradients freed by zero_grad(set_to_none) are not alive with the acti
   SECTION("sharded layouts keep every gradient shard in the peak (FSDP over 2 GPUs)") {
     CHECK(estimate(setup, Strategy::fsdp, 2, 4).per_gpu.gradients == all_grads / 2);
   }
+}
+
+// Fits is judged against what a process can allocate (hwdb usable_memory_bytes), not nvidia-smi's total:
+// a job whose device figure lies between the two does not fit.
+TEST_CASE("fits: the device figure against torch's total capacity", "[memory]") {
+  const auto model = load_model("llama-2-7b");
+  auto hw = ftplan::load_hardware("a100-40gb-sxm");
+  auto setup = make_setup("llama-2-7b", Method::full, 1, 1024);
+  setup.headroom_fraction = 0;
+  const auto cand = ftplan::preset_candidate(Strategy::single, 1, hw, 1, Checkpointing::full, Attention::fused);
+  const auto e = ftplan::estimate_memory(model, hw, setup, cand);
+  CHECK(e.usable_bytes == hw.usable_memory_bytes);
+  CHECK(e.fits == (e.fit_bytes <= hw.usable_memory_bytes));
+  // Put the card's capacity just above and just below the job's figure.
+  hw.usable_memory_bytes = e.fit_bytes;
+  CHECK(ftplan::estimate_memory(model, hw, setup, cand).fits);
+  hw.memory_bytes = e.fit_bytes + (1LL << 30);
+  hw.usable_memory_bytes = e.fit_bytes - 1;
+  const auto over = ftplan::estimate_memory(model, hw, setup, cand);
+  CHECK_FALSE(over.fits);
+  CHECK(over.usable_bytes == e.fit_bytes - 1);
+  CHECK_THAT(over.reason, Catch::Matchers::Contains("a process can allocate of"));
 }
