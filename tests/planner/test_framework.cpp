@@ -360,3 +360,52 @@ TEST_CASE("fsdp (accelerate) takes FSDP's published allocated/reserved pair; fit
   CHECK(e.fit_bytes >= int64_t(std::ceil(double(e.allocated_peak) * 1.04)) + fsdp.cuda_context_bytes + fsdp.nccl_bytes_per_gpu);
   CHECK(e.fit_bytes < e.device_peak);
 }
+
+TEST_CASE("torchtune-2024: torchao 0.1 quantises while loading, and the step's reserved figure keeps that cache",
+          "[framework][memory]") {
+  // torchtune's April 2024 QLoRA tutorial (qlora_finetune.rst at 0914d5cf): Llama-2-7B, q,k,v,o and the MLP
+  // quantised, r 8, batch 2, checkpointing on. torchao 0.1's to_nf4 holds, for one weight, its bf16 input (2 B
+  // per element), the scaled blocks (2 B) and quantize_tensor_nearest's [numel, 16] bf16 difference and its
+  // abs (32 + 32 B): 68 B per element of the largest quantised weight, gate/up/down's 4096 x 11008 =
+  // 45,088,768 elements: 3,066,036,224 B on top of the model while it loads.
+  // The model: per block the NF4 codes and double-quantised statistics of 202,375,168 weights (104,399,104 B,
+  // the bitsandbytes test above), two bf16 norms (16,384 B) and bf16 adapters of rank 8 (4 x 8 x 8,192 +
+  // 3 x 8 x 15,104 = 624,640 parameters: 1,249,280 B): 105,664,768 B x 32 = 3,381,272,576 B; the bf16
+  // embedding and output (2 x 32000 x 4096 x 2 B = 524,288,000 B) and the final norm (8,192 B): 3,905,568,768 B.
+  const auto model = ftplan::load_model("llama-2-7b");
+  const auto hw = ftplan::load_hardware("a100-80gb-sxm");
+  auto s = job("llama-2-7b", "torchtune-2024", Method::qlora);
+  s.lora.rank = 8;
+  s.lora.alpha = 16;
+  s.lora.targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  s.quantization.double_quant = true;
+  s.seq_len = 1304;
+  s.headroom_fraction = 0;
+  const Candidate c = ftplan::preset_candidate(Strategy::single, 1, hw, 2, Checkpointing::full, ftplan::Attention::fused);
+  const auto fw = ftplan::framework_profile("torchtune-2024");
+  REQUIRE(fw.quantize_transient_bytes_per_element == 68);
+  REQUIRE(fw.step_reserved_keeps_load_cache);
+  const auto e = ftplan::estimate_memory(model, hw, s, c);
+  CHECK(e.per_gpu.weights == INT64_C(3905568768));
+  const int64_t load_allocated = INT64_C(3905568768) + INT64_C(3066036224) + fw.cublas_workspace_bytes;
+  const int64_t load_reserved = int64_t(std::ceil(double(load_allocated) * fw.reserved_over_allocated));
+  CHECK(e.load.device_bytes == load_reserved + fw.cuda_context_bytes);
+  // The step's own allocations are below the load's (activations of 2 x 1,304 tokens with checkpointing), and
+  // no empty_cache runs between them: the step's reserved and device figures are the load's; allocated is the step's.
+  CHECK(e.allocated_peak < load_allocated);
+  CHECK(e.reserved_peak == load_reserved);
+  CHECK(e.device_peak == load_reserved + fw.cuda_context_bytes);
+  CHECK(e.fit_bytes == e.device_peak);  // the profile's two ratios agree: the load's figure is what fits reads
+  SECTION("torchtune 0.4+ (the torchtune profile): one dequantised weight at load, the step's own reserved figure") {
+    auto t = job("llama-2-7b", "torchtune", Method::qlora);
+    t.lora = s.lora;
+    t.quantization.double_quant = true;
+    t.seq_len = 1304;
+    const auto et = ftplan::estimate_memory(model, hw, t, c);
+    const auto ft = ftplan::framework_profile("torchtune");
+    CHECK(et.load.device_bytes == int64_t(std::ceil(double(INT64_C(3905568768) + INT64_C(45088768) * 2 + ft.cublas_workspace_bytes) *
+                                                    ft.reserved_over_allocated)) + ft.cuda_context_bytes);
+    CHECK(et.reserved_peak == int64_t(std::ceil(double(et.allocated_peak) * ft.reserved_over_allocated)));
+    CHECK(et.allocated_peak == e.allocated_peak);
+  }
+}
