@@ -409,3 +409,20 @@ TEST_CASE("torchtune-2024: torchao 0.1 quantises while loading, and the step's r
     CHECK(et.allocated_peak == e.allocated_peak);
   }
 }
+
+TEST_CASE("lightning's 4-bit matmul holds the fp16 dequantised weight and its bf16 cast together", "[framework][memory]") {
+  // Lightning's BitsandbytesPrecision quantises from an fp16 copy, so bitsandbytes' QuantState.dtype is fp16 and
+  // MatMul4Bit runs F.dequantize_4bit(B, state).to(bf16): two [out, in] copies of 2 B alive at once. litgpt
+  // quantises every nn.Linear, the head too: Llama-3-8B's 128256 x 4096 = 525,336,576-element lm_head is the
+  // largest, 2 x 2 x 525,336,576 = 2,101,346,304 B. The hf profile (PEFT) keeps the head in bf16 and quantises
+  // in bf16 (no cast): one 2 B copy of the largest block linear, 14336 x 4096: 117,440,512 B.
+  const auto model = ftplan::load_model("llama-3-8b");
+  const auto hw = ftplan::load_hardware("a10g");
+  auto s = job("llama-3-8b", "lightning-2024", Method::qlora);
+  s.seq_len = 512;
+  REQUIRE(ftplan::framework_profile("lightning-2024").dequant_weights_alive == 2);
+  CHECK(ftplan::prepare_job(model, hw, s).dequant_bytes == INT64_C(2101346304));
+  auto h = job("llama-3-8b", "hf", Method::qlora);
+  h.seq_len = 512;
+  CHECK(ftplan::prepare_job(model, hw, h).dequant_bytes == INT64_C(117440512));
+}
