@@ -426,6 +426,9 @@ TEST_CASE("lightning's 4-bit matmul holds the fp16 dequantised weight and its bf
   s.seq_len = 512;
   REQUIRE(ftplan::framework_profile("lightning-2024").dequant_weights_alive == 2);
   CHECK(ftplan::prepare_job(model, hw, s).dequant_bytes == INT64_C(2101346304));
+  // Loading re-quantises the head from an fp16 copy (2 B) into packed codes (0.5 B) and an fp32 absmax per 64
+  // (0.0625 B) while the old codes are held: 525,336,576 x 2.5625 = 1,346,174,976 B.
+  CHECK(ftplan::prepare_job(model, hw, s).load_quantize_bytes == INT64_C(1346174976));
   auto h = job("llama-3-8b", "hf", Method::qlora);
   h.seq_len = 512;
   CHECK(ftplan::prepare_job(model, hw, h).dequant_bytes == INT64_C(117440512));
