@@ -99,6 +99,15 @@ struct FrameworkProfile {
   double amp_frozen_weight_bytes = 2;  // amp: a frozen (LoRA base) weight's bytes: 2 when loaded in bf16, 4 in fp32
   HostCopies load_host_copies = HostCopies::per_rank;  // full model copies in host memory while loading
   bool unties_embeddings = false;      // a tied checkpoint becomes a separate lm_head (litgpt finetune)
+  // QLoRA: bytes alive while one weight is quantised on the GPU, per element of the largest quantised weight,
+  // beyond the stored result (its bf16 input and the quantiser's temporaries), e.g. 68 for torchao 0.1's
+  // nearest-of-16 search; negative: the dequantised weights of the step (qlora.dequant_weights_alive).
+  double quantize_transient_bytes_per_element = -1;
+
+  // The step's reserved (and nvidia-smi) figure keeps the load phase's cached segments: the recipe neither
+  // empties the cache (torch.cuda.empty_cache) after loading nor can a peak reset lower the reserved figure
+  // below what is cached, so reserved at the step = max(load reserved, step reserved).
+  bool step_reserved_keeps_load_cache = false;
   HostCopies save_host_copies = HostCopies::rank0;     // a full state dict gathered on the host to save
   bool save_gathers_units_on_gpu = true;               // sharded strategies gather unit by unit to save
 

@@ -326,6 +326,12 @@ PreparedJob prepare_job(const ModelSpec& model, const HardwareSpec& hw, const Tr
   j.dequant_bytes = setup.method == Method::qlora
                         ? to_bytes(fw.dequant_weights_alive * activation_bytes(setup.precision) * u.largest_quantized)
                         : 0;
+  // Loading quantises one weight at a time: its input and the quantiser's temporaries (a profile figure per
+  // element of the largest quantised weight), or, where the profile gives none, the step's dequantised weights.
+  j.load_quantize_bytes = setup.method != Method::qlora ? 0
+                          : fw.quantize_transient_bytes_per_element >= 0
+                              ? to_bytes(fw.quantize_transient_bytes_per_element * double(u.largest_quantized))
+                              : j.dequant_bytes;
   for (int ac = 0; ac < 2; ++ac) {
     const ActivationFramework af{fw.gqa_kv_repeated, ac == 1 && fw.autocast_weight_copies && fp32_weights,
                                  fw.selective_mode == "every-second-matmul", fw.quantized_matmul_saves_input,
@@ -666,10 +672,22 @@ MemoryEstimate estimate_memory(const PreparedJob& job, const Candidate& c, int64
   const double unit_load = std::max({layer_weight_own, job.embedding_weight_bytes, job.head_weight_bytes});
   double load_tensors = (sharded ? double(m.weights) + unit_load : double(m.weights));
   if (par.offload_params) load_tensors = unit_load + double(m.weights);  // m.weights: what offload leaves on the GPU
-  if (setup.method == Method::qlora) load_tensors += job.dequant_bytes;
+  load_tensors += double(job.load_quantize_bytes);
   const Figures load = figures(to_bytes(load_tensors), hw, fw, distributed);
   e.load.device_bytes = load.device;
   e.step.device_bytes = step.device;
+  // Without torch.cuda.empty_cache after loading, the segments the allocator reserved while loading stay
+  // reserved through the step, and torch.cuda.reset_peak_memory_stats resets the reserved peak to what is
+  // reserved then (c10/cuda/CUDACachingAllocator.cpp resetPeakStats: peak = current), so the step's reserved
+  // and nvidia-smi figures are at least the load's (framework.h step_reserved_keeps_load_cache). What fits
+  // is judged on is unchanged: before failing, the allocator releases the cached segments no tensor uses.
+  if (fw.step_reserved_keeps_load_cache && load.reserved > e.reserved_peak) {
+    e.reserved_peak = load.reserved;
+    e.device_peak = std::max(e.device_peak, load.device);
+    e.step.device_bytes = e.device_peak;
+    m.total = e.device_peak;
+    m.overhead = m.total - sum_terms(m);
+  }
   // Saving after an optimizer step: gradients freed; sharded strategies gather unit by unit.
   const double save_tensors =
       double(m.weights + m.optimizer) + (sharded && fw.save_gathers_units_on_gpu ? unit_load : 0.0);
@@ -904,6 +922,12 @@ std::vector<std::string> memory_assumptions(const ModelSpec& model, const Hardwa
                   "process (" + format_gib(fw.host_process_bytes_per_rank) + "), loading copies (" +
                   (fw.load_host_copies == HostCopies::per_rank ? "one per rank" : fw.load_host_copies == HostCopies::rank0 ? "rank 0 only" : "none") +
                   "), offloaded states, the saved state dict");
+  if (setup.method == Method::qlora && fw.quantize_transient_bytes_per_element >= 0)
+    lines.push_back("loading quantises each weight with " + format_fixed(fw.quantize_transient_bytes_per_element, 1) +
+                    " B per element of the largest quantised weight alive (" + fw.name + " profile)");
+  if (fw.step_reserved_keeps_load_cache)
+    lines.push_back("reserved and device figures of the step keep the load phase's cached segments (" + fw.name +
+                    ": no empty_cache after loading)");
   lines.push_back("DDP: buckets hold a second copy of the gradients; ZeRO-1/2: " +
                   std::string(fw.zero_bucket_is_hidden_squared ? "hidden^2" : format_count(int64_t(fw.zero_reduce_bucket_elements))) +
                   "-element buckets; ZeRO-3: the largest gathered unit + one prefetched + one layer's unsharded gradients; "

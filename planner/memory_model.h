@@ -116,6 +116,7 @@ struct PreparedJob {
   double trainable_save_bytes = 0;        // what a save writes: the trainable weights (adapters, or all)
   int64_t trainable_params = 0;
   int64_t dequant_bytes = 0;              // QLoRA: the dequantised weights alive at once
+  int64_t load_quantize_bytes = 0;        // QLoRA: what quantising the largest weight holds while loading
   // QLoRA where the framework keeps the quantisation statistics outside the sharded parameters
   // (fw.quant_state_sharded false): one block's and the head's absmax bytes (part of the weight bytes above)
   double layer_quant_state_bytes = 0, head_quant_state_bytes = 0;

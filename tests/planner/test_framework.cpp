@@ -360,3 +360,99 @@ TEST_CASE("fsdp (accelerate) takes FSDP's published allocated/reserved pair; fit
   CHECK(e.fit_bytes >= int64_t(std::ceil(double(e.allocated_peak) * 1.04)) + fsdp.cuda_context_bytes + fsdp.nccl_bytes_per_gpu);
   CHECK(e.fit_bytes < e.device_peak);
 }
+
+TEST_CASE("torchtune-2024: torchao 0.1 quantises while loading, and the step's reserved figure keeps that cache",
+          "[framework][memory]") {
+  // torchtune's April 2024 QLoRA tutorial (qlora_finetune.rst at 0914d5cf): Llama-2-7B, q,k,v,o and the MLP
+  // quantised, r 8, batch 2, checkpointing on. torchao 0.1's to_nf4 holds, for one weight, its bf16 input (2 B
+  // per element), the scaled blocks (2 B) and quantize_tensor_nearest's [numel, 16] bf16 difference and its
+  // abs (32 + 32 B): 68 B per element of the largest quantised weight, gate/up/down's 4096 x 11008 =
+  // 45,088,768 elements: 3,066,036,224 B on top of the model while it loads.
+  // The model: per block the NF4 codes and double-quantised statistics of 202,375,168 weights (104,399,104 B,
+  // the bitsandbytes test above), two bf16 norms (16,384 B) and bf16 adapters of rank 8 (4 x 8 x 8,192 +
+  // 3 x 8 x 15,104 = 624,640 parameters: 1,249,280 B): 105,664,768 B x 32 = 3,381,272,576 B; the bf16
+  // embedding and output (2 x 32000 x 4096 x 2 B = 524,288,000 B) and the final norm (8,192 B): 3,905,568,768 B.
+  const auto model = ftplan::load_model("llama-2-7b");
+  const auto hw = ftplan::load_hardware("a100-80gb-sxm");
+  auto s = job("llama-2-7b", "torchtune-2024", Method::qlora);
+  s.lora.rank = 8;
+  s.lora.alpha = 16;
+  s.lora.targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  s.quantization.double_quant = true;
+  s.seq_len = 1304;
+  s.headroom_fraction = 0;
+  const Candidate c = ftplan::preset_candidate(Strategy::single, 1, hw, 2, Checkpointing::full, ftplan::Attention::fused);
+  const auto fw = ftplan::framework_profile("torchtune-2024");
+  REQUIRE(fw.quantize_transient_bytes_per_element == 68);
+  REQUIRE(fw.step_reserved_keeps_load_cache);
+  const auto e = ftplan::estimate_memory(model, hw, s, c);
+  CHECK(e.per_gpu.weights == INT64_C(3905568768));
+  const int64_t load_allocated = INT64_C(3905568768) + INT64_C(3066036224) + fw.cublas_workspace_bytes;
+  const int64_t load_reserved = int64_t(std::ceil(double(load_allocated) * fw.reserved_over_allocated));
+  CHECK(e.load.device_bytes == load_reserved + fw.cuda_context_bytes);
+  // The step's own allocations are below the load's (activations of 2 x 1,304 tokens with checkpointing), and
+  // no empty_cache runs between them: the step's reserved and device figures are the load's; allocated is the step's.
+  CHECK(e.allocated_peak < load_allocated);
+  CHECK(e.reserved_peak == load_reserved);
+  CHECK(e.device_peak == load_reserved + fw.cuda_context_bytes);
+  CHECK(e.fit_bytes == e.device_peak);  // the profile's two ratios agree: the load's figure is what fits reads
+  SECTION("torchtune 0.4+ (the torchtune profile): torchao's chunked quantiser at load, the step's own reserved figure") {
+    // torchao since pytorch/ao#196 searches the nearest code in chunks of 1024^2 elements: the bf16 input (2 B), the
+    // scaled blocks (2 B), a uint8 code per element (1 B) and the two halves of the packing (0.5 + 0.5 B): 6 B.
+    auto t = job("llama-2-7b", "torchtune", Method::qlora);
+    t.lora = s.lora;
+    t.quantization.double_quant = true;
+    t.seq_len = 1304;
+    t.loss = ftplan::Loss::full;  // torchtune 0.1's loss; the current recipes drop the fp32 logits before backward
+    const auto et = ftplan::estimate_memory(model, hw, t, c);
+    const auto ft = ftplan::framework_profile("torchtune");
+    CHECK(et.load.device_bytes == int64_t(std::ceil(double(INT64_C(3905568768) + INT64_C(45088768) * 6 + ft.cublas_workspace_bytes) *
+                                                    ft.reserved_over_allocated)) + ft.cuda_context_bytes);
+    CHECK(et.reserved_peak == int64_t(std::ceil(double(et.allocated_peak) * ft.reserved_over_allocated)));
+    // The step differs only by the recipe's fp32 logits kept through backward: 4 B x 2 x 1304 x 32000 = 333,824,000 B.
+    CHECK(std::llabs(e.allocated_peak - et.allocated_peak - INT64_C(333824000)) <= 1);
+  }
+}
+
+TEST_CASE("lightning's 4-bit matmul holds the fp16 dequantised weight and its bf16 cast together", "[framework][memory]") {
+  // Lightning's BitsandbytesPrecision quantises from an fp16 copy, so bitsandbytes' QuantState.dtype is fp16 and
+  // MatMul4Bit runs F.dequantize_4bit(B, state).to(bf16): two [out, in] copies of 2 B alive at once. litgpt
+  // quantises every nn.Linear, the head too: Llama-3-8B's 128256 x 4096 = 525,336,576-element lm_head is the
+  // largest, 2 x 2 x 525,336,576 = 2,101,346,304 B. The hf profile (PEFT) keeps the head in bf16 and quantises
+  // in bf16 (no cast): one 2 B copy of the largest block linear, 14336 x 4096: 117,440,512 B.
+  const auto model = ftplan::load_model("llama-3-8b");
+  const auto hw = ftplan::load_hardware("a10g");
+  auto s = job("llama-3-8b", "lightning-2024", Method::qlora);
+  s.seq_len = 512;
+  REQUIRE(ftplan::framework_profile("lightning-2024").dequant_weights_alive == 2);
+  CHECK(ftplan::prepare_job(model, hw, s).dequant_bytes == INT64_C(2101346304));
+  // Loading re-quantises the head from an fp16 copy (2 B) into packed codes (0.5 B) and an fp32 absmax per 64
+  // (0.0625 B) while the old codes are held: 525,336,576 x 2.5625 = 1,346,174,976 B.
+  CHECK(ftplan::prepare_job(model, hw, s).load_quantize_bytes == INT64_C(1346174976));
+  auto h = job("llama-3-8b", "hf", Method::qlora);
+  h.seq_len = 512;
+  CHECK(ftplan::prepare_job(model, hw, h).dequant_bytes == INT64_C(117440512));
+}
+
+TEST_CASE("torchtune-2024 keeps the recipe's fp32 logits through backward: 16 B per token and vocabulary entry",
+          "[framework][memory]") {
+  // Before pytorch/torchtune#1235 (July 2024) the recipe's `logits` local (fp32, [tokens, vocab]) stayed referenced
+  // through loss.backward(): at log_softmax's backward the logits, the saved log-softmax, nll_loss's gradient and
+  // log_softmax's input gradient are alive, 4 x 4 B, against 3 x 4 B once the local is deleted. Llama-2-7B LoRA at
+  // 4 x 2048 tokens (the May 2024 README's single-RTX-4090 row): 4 B x 8192 x 32000 = 1,048,576,000 B more.
+  const auto model = ftplan::load_model("llama-2-7b");
+  const auto hw = ftplan::load_hardware("rtx-4090");
+  const Candidate c = ftplan::preset_candidate(Strategy::single, 1, hw, 4, Checkpointing::full, ftplan::Attention::fused);
+  auto old_job = job("llama-2-7b", "torchtune-2024", Method::lora);
+  CHECK(old_job.loss == ftplan::Loss::full);  // torchtune 0.1's default: torch.nn.CrossEntropyLoss
+  auto new_job = job("llama-2-7b", "torchtune", Method::lora);
+  new_job.loss = ftplan::Loss::full;
+  for (auto* s : {&old_job, &new_job}) {
+    s->seq_len = 2048;
+    s->lora.targets = {"q_proj", "v_proj"};
+  }
+  const auto e_old = ftplan::estimate_memory(model, hw, old_job, c);
+  const auto e_new = ftplan::estimate_memory(model, hw, new_job, c);
+  CHECK(std::llabs(e_old.per_gpu.logits_loss - e_new.per_gpu.logits_loss - INT64_C(1048576000)) <= 1);
+  CHECK(e_old.per_gpu.activations == e_new.per_gpu.activations);
+}
