@@ -360,3 +360,38 @@ TEST_CASE("fsdp (accelerate) takes FSDP's published allocated/reserved pair; fit
   CHECK(e.fit_bytes >= int64_t(std::ceil(double(e.allocated_peak) * 1.04)) + fsdp.cuda_context_bytes + fsdp.nccl_bytes_per_gpu);
   CHECK(e.fit_bytes < e.device_peak);
 }
+
+TEST_CASE("fsdp (accelerate): a LoRA base loaded in fp32 is sharded in fp32, and loaded on rank 0 only", "[framework][memory]") {
+  // PEFT's FSDP example loads a non-quantised base with torch_dtype float32 (examples/sft/utils.py) and
+  // accelerate's FSDP keeps each FlatParameter in the loaded dtype; fsdp_cpu_ram_efficient_loading (accelerate
+  // config's default) materialises the checkpoint on rank 0 only. Llama-2-70B (68,976,648,192 base
+  // parameters), LoRA r=8 on every block linear (80 x 8 x ((8192 + 8192) x 2 + (8192 + 1024) x 2 +
+  // (8192 + 28672) x 3) = 103,546,880 fp32 adapter parameters), amp, FULL_SHARD over 8 GPUs:
+  //   fsdp: (68,976,648,192 + 103,546,880) x 4 / 8 = 34,540,097,536 B per rank;
+  //   hf (base loaded in bf16): 68,976,648,192 x 2 / 8 + 103,546,880 x 4 / 8 = 17,295,935,488 B.
+  // Loading, per node: 8 processes + one fp32 copy (fsdp: 276,320,780,288 B) against one bf16 copy per
+  // rank (hf: 8 x 138,367,483,904 B).
+  const auto model = ftplan::load_model("llama-2-70b");
+  const auto hw = ftplan::load_hardware("h100-sxm");
+  auto lora = [&](const std::string& framework) {
+    auto s = job("llama-2-70b", framework, Method::lora);
+    s.precision = ftplan::Precision::amp;
+    s.lora.rank = 8;
+    s.lora.targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+    s.num_gpus = 8;
+    s.seq_len = 2048;
+    return s;
+  };
+  const Candidate c = ftplan::preset_candidate(Strategy::fsdp, 8, hw, 1, Checkpointing::full, ftplan::Attention::fused);
+  const int64_t base = INT64_C(68976648192), adapters = INT64_C(103546880);
+  CHECK(80 * 8 * ((8192 + 8192) * 2 + (8192 + 1024) * 2 + (8192 + 28672) * 3) == adapters);
+  CHECK((base + adapters) * 4 / 8 == INT64_C(34540097536));
+  CHECK(base * 2 / 8 + adapters * 4 / 8 == INT64_C(17295935488));
+  const auto fsdp = ftplan::estimate_memory(model, hw, lora("fsdp"), c);
+  const auto hf = ftplan::estimate_memory(model, hw, lora("hf"), c);
+  CHECK(fsdp.per_gpu.weights == INT64_C(34540097536));
+  CHECK(hf.per_gpu.weights == INT64_C(17295935488));
+  const auto f = ftplan::framework_profile("fsdp"), h = ftplan::framework_profile("hf");
+  CHECK(fsdp.load.host_bytes_per_node == 8 * int64_t(f.host_process_bytes_per_rank) + INT64_C(276320780288));
+  CHECK(hf.load.host_bytes_per_node == 8 * int64_t(h.host_process_bytes_per_rank) + 8 * INT64_C(138367483904));
+}
