@@ -395,3 +395,39 @@ TEST_CASE("fsdp (accelerate): a LoRA base loaded in fp32 is sharded in fp32, and
   CHECK(fsdp.load.host_bytes_per_node == 8 * int64_t(f.host_process_bytes_per_rank) + INT64_C(276320780288));
   CHECK(hf.load.host_bytes_per_node == 8 * int64_t(h.host_process_bytes_per_rank) + 8 * INT64_C(138367483904));
 }
+
+TEST_CASE("saving a full state dict: FSDP-1 keeps its root unit gathered while each block is gathered", "[framework][memory]") {
+  // FSDP-1 unshards a unit in its state_dict pre-hook and reshards it in the post-hook, and the root's hooks
+  // run around its children's, so on rank 0 the root unit (embedding, final norm, lm_head) and one block are
+  // gathered together, in the stored dtype (_state_dict_utils.py _full_pre_state_dict_hook); FSDP-2 gathers
+  // one parameter at a time (the largest unit bounds it). Llama-2-7B full fine-tune, hf, amp (fp32 parameters),
+  // FULL_SHARD over 8 GPUs:
+  //   root  = (32,000 x 4,096 embedding + 32,000 x 4,096 lm_head + 4,096 norm) x 4 B = 1,048,592,384 B
+  //   block = (4 x 4,096^2 + 3 x 4,096 x 11,008 + 2 x 4,096) x 4 B = 809,533,440 B
+  // save device = ceil((weights + optimizer + gathered + cuBLAS workspace) x 1.04) + CUDA context + NCCL.
+  const auto model = ftplan::load_model("llama-2-7b");
+  const auto hw = ftplan::load_hardware("a100-80gb-sxm");
+  const auto fw = ftplan::framework_profile("hf");
+  const int64_t root = (INT64_C(32000) * 4096 * 2 + 4096) * 4, block = (INT64_C(4) * 4096 * 4096 + INT64_C(3) * 4096 * 11008 + 2 * 4096) * 4;
+  CHECK(root == INT64_C(1048592384));
+  CHECK(block == INT64_C(809533440));
+  auto s = job("llama-2-7b", "hf", Method::full);
+  s.precision = ftplan::Precision::amp;
+  s.num_gpus = 8;
+  s.seq_len = 1024;
+  const Candidate c = ftplan::preset_candidate(Strategy::fsdp, 8, hw, 1, Checkpointing::full, ftplan::Attention::fused);
+  auto save_device = [&](const ftplan::MemoryEstimate& e, int64_t gathered) {
+    const double allocated = double(e.per_gpu.weights + e.per_gpu.optimizer + gathered + fw.cublas_workspace_bytes);
+    return int64_t(std::ceil(allocated * fw.reserved_over_allocated)) + fw.cuda_context_bytes + fw.nccl_bytes_per_gpu;
+  };
+  SECTION("FSDP-1: the root unit and one block") {
+    s.fsdp_version = 1;
+    const auto e = ftplan::estimate_memory(model, hw, s, c);
+    CHECK(e.save.device_bytes == save_device(e, root + block));
+  }
+  SECTION("FSDP-2: one unit at a time, at most the largest") {
+    s.fsdp_version = 2;
+    const auto e = ftplan::estimate_memory(model, hw, s, c);
+    CHECK(e.save.device_bytes == save_device(e, block));
+  }
+}
