@@ -688,9 +688,17 @@ MemoryEstimate estimate_memory(const PreparedJob& job, const Candidate& c, int64
     m.total = e.device_peak;
     m.overhead = m.total - sum_terms(m);
   }
-  // Saving after an optimizer step: gradients freed; sharded strategies gather unit by unit.
+  // Saving after an optimizer step: gradients freed; sharded strategies gather unit by unit, in the
+  // parameters' stored dtype. FSDP-1's full state dict unshards a unit in its state_dict pre-hook and
+  // reshards it in the post-hook, and Module.state_dict runs the root's hooks around its children's, so the
+  // root unit (embedding, final norm and head) stays gathered while every block is gathered in turn
+  // (torch/distributed/fsdp/_state_dict_utils.py _full_pre_state_dict_hook / _full_post_state_dict_hook ->
+  // _enter_unshard_params_ctx / _exit_unshard_params_ctx, on rank 0 under rank0_only); FSDP-2 and ZeRO-3
+  // gather one parameter or module at a time.
+  const bool fsdp1_root_gathered = par.sharding == Sharding::fsdp && setup.fsdp_version == 1;
+  const double save_gather = fsdp1_root_gathered ? job.embedding_weight_bytes + job.head_weight_bytes + layer_weight_own : unit_load;
   const double save_tensors =
-      double(m.weights + m.optimizer) + (sharded && fw.save_gathers_units_on_gpu ? unit_load : 0.0);
+      double(m.weights + m.optimizer) + (sharded && fw.save_gathers_units_on_gpu ? save_gather : 0.0);
   const Figures save = figures(to_bytes(save_tensors), hw, fw, distributed);
   e.save.device_bytes = save.device;
   e.fit_bytes = std::max({load.device_at_oom, step.device_at_oom, save.device_at_oom});
@@ -918,7 +926,7 @@ std::vector<std::string> memory_assumptions(const ModelSpec& model, const Hardwa
     lines.push_back(fig.str());
   }
   lines.push_back("phases: load (weights only, a sharded strategy's unit being sharded, QLoRA quantising one weight), "
-                  "step, save (gradients freed, a sharded strategy gathering unit by unit); host per node: each rank's "
+                  "step, save (gradients freed, a sharded strategy gathering unit by unit; FSDP-1 keeps its root unit gathered throughout); host per node: each rank's "
                   "process (" + format_gib(fw.host_process_bytes_per_rank) + "), loading copies (" +
                   (fw.load_host_copies == HostCopies::per_rank ? "one per rank" : fw.load_host_copies == HostCopies::rank0 ? "rank 0 only" : "none") +
                   "), offloaded states, the saved state dict");

@@ -456,3 +456,74 @@ TEST_CASE("torchtune-2024 keeps the recipe's fp32 logits through backward: 16 B 
   CHECK(std::llabs(e_old.per_gpu.logits_loss - e_new.per_gpu.logits_loss - INT64_C(1048576000)) <= 1);
   CHECK(e_old.per_gpu.activations == e_new.per_gpu.activations);
 }
+
+TEST_CASE("fsdp (accelerate): a LoRA base loaded in fp32 is sharded in fp32, and loaded on rank 0 only", "[framework][memory]") {
+  // PEFT's FSDP example loads a non-quantised base with torch_dtype float32 (examples/sft/utils.py) and
+  // accelerate's FSDP keeps each FlatParameter in the loaded dtype; fsdp_cpu_ram_efficient_loading (accelerate
+  // config's default) materialises the checkpoint on rank 0 only. Llama-2-70B (68,976,648,192 base
+  // parameters), LoRA r=8 on every block linear (80 x 8 x ((8192 + 8192) x 2 + (8192 + 1024) x 2 +
+  // (8192 + 28672) x 3) = 103,546,880 fp32 adapter parameters), amp, FULL_SHARD over 8 GPUs:
+  //   fsdp: (68,976,648,192 + 103,546,880) x 4 / 8 = 34,540,097,536 B per rank;
+  //   hf (base loaded in bf16): 68,976,648,192 x 2 / 8 + 103,546,880 x 4 / 8 = 17,295,935,488 B.
+  // Loading, per node: 8 processes + one fp32 copy (fsdp: 276,320,780,288 B) against one bf16 copy per
+  // rank (hf: 8 x 138,367,483,904 B).
+  const auto model = ftplan::load_model("llama-2-70b");
+  const auto hw = ftplan::load_hardware("h100-sxm");
+  auto lora = [&](const std::string& framework) {
+    auto s = job("llama-2-70b", framework, Method::lora);
+    s.precision = ftplan::Precision::amp;
+    s.lora.rank = 8;
+    s.lora.targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+    s.num_gpus = 8;
+    s.seq_len = 2048;
+    return s;
+  };
+  const Candidate c = ftplan::preset_candidate(Strategy::fsdp, 8, hw, 1, Checkpointing::full, ftplan::Attention::fused);
+  const int64_t base = INT64_C(68976648192), adapters = INT64_C(103546880);
+  CHECK(80 * 8 * ((8192 + 8192) * 2 + (8192 + 1024) * 2 + (8192 + 28672) * 3) == adapters);
+  CHECK((base + adapters) * 4 / 8 == INT64_C(34540097536));
+  CHECK(base * 2 / 8 + adapters * 4 / 8 == INT64_C(17295935488));
+  const auto fsdp = ftplan::estimate_memory(model, hw, lora("fsdp"), c);
+  const auto hf = ftplan::estimate_memory(model, hw, lora("hf"), c);
+  CHECK(fsdp.per_gpu.weights == INT64_C(34540097536));
+  CHECK(hf.per_gpu.weights == INT64_C(17295935488));
+  const auto f = ftplan::framework_profile("fsdp"), h = ftplan::framework_profile("hf");
+  CHECK(fsdp.load.host_bytes_per_node == 8 * int64_t(f.host_process_bytes_per_rank) + INT64_C(276320780288));
+  CHECK(hf.load.host_bytes_per_node == 8 * int64_t(h.host_process_bytes_per_rank) + 8 * INT64_C(138367483904));
+}
+
+TEST_CASE("saving a full state dict: FSDP-1 keeps its root unit gathered while each block is gathered", "[framework][memory]") {
+  // FSDP-1 unshards a unit in its state_dict pre-hook and reshards it in the post-hook, and the root's hooks
+  // run around its children's, so on rank 0 the root unit (embedding, final norm, lm_head) and one block are
+  // gathered together, in the stored dtype (_state_dict_utils.py _full_pre_state_dict_hook); FSDP-2 gathers
+  // one parameter at a time (the largest unit bounds it). Llama-2-7B full fine-tune, hf, amp (fp32 parameters),
+  // FULL_SHARD over 8 GPUs:
+  //   root  = (32,000 x 4,096 embedding + 32,000 x 4,096 lm_head + 4,096 norm) x 4 B = 1,048,592,384 B
+  //   block = (4 x 4,096^2 + 3 x 4,096 x 11,008 + 2 x 4,096) x 4 B = 809,533,440 B
+  // save device = ceil((weights + optimizer + gathered + cuBLAS workspace) x 1.04) + CUDA context + NCCL.
+  const auto model = ftplan::load_model("llama-2-7b");
+  const auto hw = ftplan::load_hardware("a100-80gb-sxm");
+  const auto fw = ftplan::framework_profile("hf");
+  const int64_t root = (INT64_C(32000) * 4096 * 2 + 4096) * 4, block = (INT64_C(4) * 4096 * 4096 + INT64_C(3) * 4096 * 11008 + 2 * 4096) * 4;
+  CHECK(root == INT64_C(1048592384));
+  CHECK(block == INT64_C(809533440));
+  auto s = job("llama-2-7b", "hf", Method::full);
+  s.precision = ftplan::Precision::amp;
+  s.num_gpus = 8;
+  s.seq_len = 1024;
+  const Candidate c = ftplan::preset_candidate(Strategy::fsdp, 8, hw, 1, Checkpointing::full, ftplan::Attention::fused);
+  auto save_device = [&](const ftplan::MemoryEstimate& e, int64_t gathered) {
+    const double allocated = double(e.per_gpu.weights + e.per_gpu.optimizer + gathered + fw.cublas_workspace_bytes);
+    return int64_t(std::ceil(allocated * fw.reserved_over_allocated)) + fw.cuda_context_bytes + fw.nccl_bytes_per_gpu;
+  };
+  SECTION("FSDP-1: the root unit and one block") {
+    s.fsdp_version = 1;
+    const auto e = ftplan::estimate_memory(model, hw, s, c);
+    CHECK(e.save.device_bytes == save_device(e, root + block));
+  }
+  SECTION("FSDP-2: one unit at a time, at most the largest") {
+    s.fsdp_version = 2;
+    const auto e = ftplan::estimate_memory(model, hw, s, c);
+    CHECK(e.save.device_bytes == save_device(e, block));
+  }
+}
