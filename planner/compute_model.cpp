@@ -179,12 +179,13 @@ double nf4_dequant_time_s(int64_t nf4_params, const HardwareSpec& hw) {
   return nf4_params * (0.516 + 2.0) / hw.hbm_bandwidth_bytes_per_s;
 }
 
-double optimizer_step_bytes_per_param(Precision precision, Optimizer optimizer, bool foreach) {
-  const ParamBytes b = trainable_param_bytes(precision, optimizer);
+double optimizer_step_bytes_per_param(Precision precision, Optimizer optimizer, bool foreach, bool paged) {
+  const ParamBytes b = trainable_param_bytes(precision, optimizer, paged);
+  if (paged) foreach = false;
   // The master weight's width: the optimizer bytes hold it beside the moments under mixed precision.
   const bool master = precision == Precision::mixed || precision == Precision::mixed_fp32_grads;
   const double P = master ? 4.0 : b.weight, G = b.gradient;
-  const double moment = precision == Precision::bf16 ? 2.0 : 4.0;
+  const double moment = precision == Precision::bf16 && !paged ? 2.0 : 4.0;
   double step = 0;
   switch (optimizer) {
     case Optimizer::adamw: step = foreach ? 4 * P + 3 * G + 14 * moment : 2 * P + G + 4 * moment; break;

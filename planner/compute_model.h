@@ -100,7 +100,9 @@ double nf4_dequant_time_s(int64_t nf4_params, const HardwareSpec& hw);
 //   SGD with momentum: fused 2P + G + 2S; foreach mul_(buf), add_(buf, g), add_(p, buf): 2P + G + 5S.
 // A separate working copy (mixed precision's bf16 weights beside the fp32 master) is refreshed after the
 // step: + P read + W written. E.g. pure bf16 AdamW: 14 B fused, 42 B foreach; fp32 (amp) AdamW foreach 84 B.
-double optimizer_step_bytes_per_param(Precision precision, Optimizer optimizer, bool foreach);
+// paged: bitsandbytes' Paged* optimizers run their own fused kernel (optimizer_update_32bit /
+// _8bit_blockwise) whatever the framework's foreach default, with fp32 moments under 32-bit.
+double optimizer_step_bytes_per_param(Precision precision, Optimizer optimizer, bool foreach, bool paged = false);
 
 // The optimizer step: a memory-bound pass over `bytes_per_param` per trainable parameter at HBM
 // bandwidth. A calibration scales the bandwidth (EfficiencyModel::optimizer_bandwidth_factor).

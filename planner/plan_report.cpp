@@ -59,9 +59,10 @@ std::vector<std::string> step_assumptions(const PlanContext& ctx, const Training
                     "% a fused causal kernel runs)"
               : std::string(""))
       << "; optimizer step " << format_fixed(optimizer_step_bytes_per_param(setup.precision, setup.optimizer,
-                                                                             ctx.memory.framework->optimizer_foreach), 0)
+                                                                             ctx.memory.framework->optimizer_foreach,
+                                                                             setup.paged_optimizer), 0)
       << " B per trainable parameter at HBM bandwidth ("
-      << (ctx.memory.framework->optimizer_foreach ? "foreach" : "fused") << ")";
+      << (setup.paged_optimizer ? "bitsandbytes' paged kernel" : ctx.memory.framework->optimizer_foreach ? "foreach" : "fused") << ")";
   if (!hw.efficiency.source.empty()) {
     const EfficiencyModel& e = hw.efficiency;
     if (setup.efficiency) {

@@ -252,6 +252,11 @@ ShardedLayerComm sharded_layer_comm(const PlanContext& ctx, const Candidate& can
   return lc;
 }
 
+double paged_state_migration_s(double paged_state_bytes, double free_device_bytes, double host_bandwidth_bytes_per_s) {
+  if (paged_state_bytes <= 0 || paged_state_bytes <= free_device_bytes || host_bandwidth_bytes_per_s <= 0) return 0;
+  return 2.0 * paged_state_bytes / host_bandwidth_bytes_per_s;
+}
+
 StepEstimate estimate_step(const PlanContext& ctx, const Candidate& cand, const StepOptions& opt) {
   const ModelSpec& model = *ctx.memory.model;
   const HardwareSpec& hw = *ctx.memory.hw;
@@ -377,7 +382,8 @@ StepEstimate estimate_step(const PlanContext& ctx, const Candidate& cand, const 
   const double model_parallel = static_cast<double>(par.tp * par.pp);
   double optimizer = optimizer_step_time_s(ctx.trainable_params, hw,
                                           optimizer_step_bytes_per_param(setup.precision, setup.optimizer,
-                                                                         ctx.memory.framework->optimizer_foreach)) /
+                                                                         ctx.memory.framework->optimizer_foreach,
+                                                                         setup.paged_optimizer)) /
                      model_parallel;
   double compute = G * micro;
   const int64_t shard = par.shard_group();
@@ -529,6 +535,15 @@ StepEstimate estimate_step(const PlanContext& ctx, const Candidate& cand, const 
   if (par.ep > 1 && ctx.expert_trainable_params > 0 && !par.shards_optimizer() && ctx.trainable_params > 0) {
     const double own = double(ctx.trainable_params - ctx.expert_trainable_params) + double(ctx.expert_trainable_params) / par.ep;
     optimizer *= own / double(ctx.trainable_params);
+  }
+  // Paged optimizer states (bitsandbytes) that do not fit beside the step's own peak: moved in and out
+  // once per optimizer step (paged_state_migration_s).
+  if (setup.paged_optimizer) {
+    const MemoryEstimate m = estimate_memory(ctx.memory, cand, ctx.num_gpus, false);
+    s.paged_state_migration_s =
+        paged_state_migration_s(double(m.per_gpu.paged_optimizer), double(hw.memory_bytes) - double(m.device_peak),
+                                hw.pcie_host_bandwidth_bytes_per_s);
+    optimizer += s.paged_state_migration_s;
   }
   s.compute_s = compute;
   s.comm_s = comm;

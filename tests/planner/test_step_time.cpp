@@ -12,6 +12,7 @@
 #include "planner/json_fields.h"
 #include "planner/memory_model.h"
 #include "planner/model_spec.h"
+#include "planner/precision.h"
 #include "planner/step_time.h"
 #include "planner/training_setup.h"
 #include "planner_fixtures.h"
@@ -384,5 +385,54 @@ TEST_CASE("the optimizer step's bytes per parameter follow its implementation", 
       const auto s = ftplan::estimate_step(ctx, cand(ctx, Strategy::single, 1, Checkpointing::full, Attention::fused));
       CHECK_THAT(s.optimizer_s, WithinRel(double(ctx.trainable_params) * bytes / hw.hbm_bandwidth_bytes_per_s, kExact));
     }
+  }
+}
+
+TEST_CASE("bitsandbytes' paged optimizer states cross the host link every step when they do not fit", "[step][paged]") {
+  using ftplan::Optimizer;
+  using ftplan::Precision;
+  // step_time.h paged_state_migration_s: states that fit beside the step stay on the GPU; states that do not
+  // are all evicted before their next use (FIFO over a cyclic walk) and come in and go out once per step.
+  CHECK(ftplan::paged_state_migration_s(10e9, 10e9, 25e9) == 0);
+  CHECK(ftplan::paged_state_migration_s(10e9, 20e9, 25e9) == 0);
+  CHECK_THAT(ftplan::paged_state_migration_s(10e9, 9e9, 25e9), WithinRel(2 * 10e9 / 25e9, kExact));  // 0.8 s, not 2 x 1 GB
+  CHECK_THAT(ftplan::paged_state_migration_s(10e9, -1e9, 25e9), WithinRel(0.8, kExact));
+  // bitsandbytes' 32-bit PagedAdamW keeps fp32 moments on a bf16 model: 8 B per parameter, 4 B without paging.
+  CHECK(ftplan::trainable_param_bytes(Precision::bf16, Optimizer::adamw, true).optimizer == 8);
+  CHECK(ftplan::trainable_param_bytes(Precision::bf16, Optimizer::adamw, false).optimizer == 4);
+  // Its update is its own fused kernel (optimizer_update_32bit): 2P + G + 4 x 4 B = 22 B, even where the framework's
+  // default AdamW is foreach.
+  CHECK(ftplan::optimizer_step_bytes_per_param(Precision::bf16, Optimizer::adamw, true, true) == 2 * 2 + 2 + 4 * 4);
+
+  // torchtune's Llama-2-7B full fine-tune with PagedAdamW on one RTX 4090 (recipes/configs/llama2/
+  // 7B_full_low_memory.yaml): 6,738,415,616 parameters x 8 B = 53.9 GB of states against a 24 GB card that
+  // already holds the 13.5 GB of bf16 weights: all of it in and out, 2 x 53.9 GB at the hwdb's 24 GB/s = 4.49 s.
+  const auto model = load_model("llama-2-7b");
+  auto setup = make_setup("llama-2-7b", Method::full, 1, 2048);
+  setup.framework = "torchtune";
+  setup.precision = Precision::bf16;
+  setup.optimizer = Optimizer::adamw;
+  setup.paged_optimizer = true;
+  setup.optimizer_in_backward = true;
+  constexpr double kParams = 6'738'415'616.0;
+  SECTION("RTX 4090: the states do not fit") {
+    const auto hw = ftplan::load_hardware("rtx-4090");
+    const auto ctx = ftplan::prepare_plan(model, hw, setup, 1);
+    REQUIRE(double(ctx.trainable_params) == kParams);
+    const auto c = cand(ctx, Strategy::single, 4, Checkpointing::full, Attention::fused);
+    const auto m = ftplan::estimate_memory(ctx.memory, c, 1, false);
+    CHECK(double(m.per_gpu.paged_optimizer) == 8 * kParams);
+    CHECK(m.per_gpu.optimizer == 0);
+    const auto s = ftplan::estimate_step(ctx, c);
+    CHECK_THAT(s.paged_state_migration_s, WithinRel(2 * 8 * kParams / 2.4e10, kExact));  // 4.4923 s
+    CHECK_THAT(s.optimizer_s - s.paged_state_migration_s, WithinRel(kParams * 22 / hw.hbm_bandwidth_bytes_per_s, 1e-9));
+    CHECK_THAT(s.step_time_s, WithinRel(s.compute_s + s.optimizer_s, kExact));
+  }
+  SECTION("H200: 54 GB of states fit beside the step, and stay") {
+    const auto hw = ftplan::load_hardware("h200");
+    const auto ctx = ftplan::prepare_plan(model, hw, setup, 1);
+    const auto s = ftplan::estimate_step(ctx, cand(ctx, Strategy::single, 4, Checkpointing::full, Attention::fused));
+    CHECK(s.paged_state_migration_s == 0);
+    CHECK_THAT(s.optimizer_s, WithinRel(kParams * 22 / hw.hbm_bandwidth_bytes_per_s, 1e-9));
   }
 }
