@@ -308,6 +308,12 @@ StepEstimate estimate_step(const PlanContext& ctx, const Candidate& cand, const 
     backward = (backward_s_per_token(model, ctx.flops, rates) + (ckpt ? model.num_layers * block_forward_s_per_token(ctx.flops, rates) : 0) +
                 selective_s + expert_extra_backward / rates.block_matmul) * T / split;
   }
+  // Eager element-wise work beyond fused kernels (compute_model.h eager_elementwise_bytes_per_token), at HBM
+  // bandwidth: once in forward, twice in backward, once more where full checkpointing recomputes the blocks.
+  const double eager_block_s = eager_elementwise_bytes_per_token(model, *ctx.memory.framework, setup) * T / split /
+                               hw.hbm_bandwidth_bytes_per_s;
+  forward += model.num_layers * eager_block_s;
+  backward += model.num_layers * eager_block_s * (ckpt ? 3.0 : 2.0);
   const double dequant = ctx.nf4_params ? nf4_dequant_time_s(ctx.nf4_params / par.tp, hw) * (ckpt ? 3 : 2) : 0;
   // Activation offloading: each block input goes to the host in forward and back in backward, on
   // its own stream (torchtune's OffloadActivations): only what compute cannot hide is exposed.

@@ -8,6 +8,7 @@
 #include "planner/collectives.h"
 #include "planner/compute_model.h"
 #include "planner/data_paths.h"
+#include "planner/framework.h"
 #include "planner/hardware_spec.h"
 #include "planner/json_fields.h"
 #include "planner/memory_model.h"
@@ -434,5 +435,40 @@ TEST_CASE("bitsandbytes' paged optimizer states cross the host link every step w
     const auto s = ftplan::estimate_step(ctx, cand(ctx, Strategy::single, 4, Checkpointing::full, Attention::fused));
     CHECK(s.paged_state_migration_s == 0);
     CHECK_THAT(s.optimizer_s, WithinRel(kParams * 22 / hw.hbm_bandwidth_bytes_per_s, 1e-9));
+  }
+}
+
+TEST_CASE("eager element-wise work beyond fused kernels, at HBM bandwidth; none under compile", "[step][elementwise]") {
+  // compute_model.h eager_elementwise_bytes_per_token: per block and token, two RMSNorms over hidden_size,
+  // RoPE over q_dim + kv_dim, the MLP's activation over intermediate_size, each at the framework's eager bytes
+  // per element less one fused kernel's (4, 4, 6). Llama-3.2-3B: hidden 3072, q 3072, kv 1024, intermediate 8192.
+  const auto model = load_model("llama-3.2-3b");
+  auto setup = make_setup("llama-3.2-3b", Method::lora, 1, 1024);
+  const double hf = 2 * (36 - 4) * 3072.0 + (20 - 4) * 4096.0 + (10 - 6) * 8192.0;          // 294,912 B
+  const double torchtune = 2 * (40 - 4) * 3072.0 + (48 - 4) * 4096.0 + (10 - 6) * 8192.0;   // 434,176 B
+  CHECK(hf == 294'912);
+  for (const auto& [fw, bytes] : {std::pair<std::string, double>{"hf", hf}, {"torchtune", torchtune}, {"ftexec", 0.0}}) {
+    CAPTURE(fw);
+    setup.framework = fw;
+    setup.compile = false;
+    CHECK(ftplan::eager_elementwise_bytes_per_token(model, ftplan::framework_profile(fw), setup) == bytes);
+    setup.compile = true;
+    CHECK(ftplan::eager_elementwise_bytes_per_token(model, ftplan::framework_profile(fw), setup) == 0);
+  }
+  SECTION("the step: forward once, backward twice, full checkpointing's recompute once more") {
+    const auto hw = ftplan::load_hardware("a100-80gb-sxm");
+    setup.framework = "hf";
+    for (const auto ck : {Checkpointing::none, Checkpointing::full}) {
+      CAPTURE(ftplan::to_string(ck));
+      setup.compile = false;
+      const auto eager_ctx = ftplan::prepare_plan(model, hw, setup, 1);
+      const auto eager = ftplan::estimate_step(eager_ctx, cand(eager_ctx, Strategy::single, 4, ck, Attention::fused));
+      setup.compile = true;
+      const auto compiled_ctx = ftplan::prepare_plan(model, hw, setup, 1);
+      const auto compiled = ftplan::estimate_step(compiled_ctx, cand(compiled_ctx, Strategy::single, 4, ck, Attention::fused));
+      const double passes = ck == Checkpointing::full ? 4 : 3;
+      const double tokens = 4 * 1024.0;
+      CHECK_THAT(eager.compute_s - compiled.compute_s, WithinRel(28 * hf * passes * tokens / 2.039e12, 1e-9));  // 65 ms / 87 ms
+    }
   }
 }
