@@ -175,16 +175,26 @@ double backward_s_per_token(const ModelSpec& m, const FlopsPerToken& f, const Pi
          k * f.head / r.head;
 }
 
+double eager_elementwise_bytes_per_token(const ModelSpec& model, const FrameworkProfile& fw, const TrainingSetup& setup) {
+  if (setup.compile) return 0.0;
+  constexpr double kFusedNorm = 4, kFusedRope = 4, kFusedMlpAct = 6;  // one read, one write (bf16)
+  auto surplus = [](double eager, double fused) { return eager > 0 ? std::max(0.0, eager - fused) : 0.0; };
+  const double h = double(model.hidden_size), qk = double(model.q_dim() + model.kv_dim()), I = double(model.intermediate_size);
+  return 2.0 * surplus(fw.eager_norm_bytes_per_hidden, kFusedNorm) * h + surplus(fw.eager_rope_bytes_per_element, kFusedRope) * qk +
+         surplus(fw.eager_mlp_act_bytes_per_intermediate, kFusedMlpAct) * I;
+}
+
 double nf4_dequant_time_s(int64_t nf4_params, const HardwareSpec& hw) {
   return nf4_params * (0.516 + 2.0) / hw.hbm_bandwidth_bytes_per_s;
 }
 
-double optimizer_step_bytes_per_param(Precision precision, Optimizer optimizer, bool foreach) {
-  const ParamBytes b = trainable_param_bytes(precision, optimizer);
+double optimizer_step_bytes_per_param(Precision precision, Optimizer optimizer, bool foreach, bool paged) {
+  const ParamBytes b = trainable_param_bytes(precision, optimizer, paged);
+  if (paged) foreach = false;
   // The master weight's width: the optimizer bytes hold it beside the moments under mixed precision.
   const bool master = precision == Precision::mixed || precision == Precision::mixed_fp32_grads;
   const double P = master ? 4.0 : b.weight, G = b.gradient;
-  const double moment = precision == Precision::bf16 ? 2.0 : 4.0;
+  const double moment = precision == Precision::bf16 && !paged ? 2.0 : 4.0;
   double step = 0;
   switch (optimizer) {
     case Optimizer::adamw: step = foreach ? 4 * P + 3 * G + 14 * moment : 2 * P + G + 4 * moment; break;

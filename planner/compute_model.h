@@ -13,6 +13,7 @@
 
 #include <cstdint>
 
+#include "planner/framework.h"
 #include "planner/hardware_spec.h"
 #include "planner/model_spec.h"
 #include "planner/training_setup.h"
@@ -84,6 +85,20 @@ double backward_s_per_token(const ModelSpec& model, const FlopsPerToken& f, cons
 // One block's forward at these rates (what full checkpointing recomputes, per block), per token.
 double block_forward_s_per_token(const FlopsPerToken& f, const PieceRates& r);
 
+// The element-wise work of one block that eager modules move beyond what fused kernels move, bytes per
+// token, forward (the framework's per-element counts, framework.h eager_*): RMSNorm (two per block) over
+// hidden_size, rotary embedding over q_dim + kv_dim, the gated MLP's activation over intermediate_size, each
+// less what one fused kernel moves (read the inputs once, write the output once: 4 B per hidden element for
+// a norm, 4 per q/k element for RoPE, 6 per intermediate element for silu(gate) x up; what torch.compile's
+// generated kernels do, and what fused training stacks run). The hwdb's efficiencies come from fused stacks
+// (Megatron-LM's A100 runs and the fractions derived from them; torchtitan's and Megatron-LM's H100 runs), so
+// they hold the fused element-wise time already: the eager surplus is time on top, at HBM bandwidth; 0 under
+// --compile (the framework compiles each block). Residual adds, transposes and the loss are not counted
+// (fused or not, they move about the same bytes per block). Backward is counted at twice the forward (each
+// op's backward reads its saved inputs and the output gradient and writes the input gradient), full
+// checkpointing's recompute at once more (step_time.cpp, simulator/plan_inputs.cpp).
+double eager_elementwise_bytes_per_token(const ModelSpec& model, const FrameworkProfile& fw, const TrainingSetup& setup);
+
 // QLoRA dequantises every NF4 weight before each use: a memory-bound pass reading 0.516 B and
 // writing 2 B per parameter at HBM bandwidth.
 double nf4_dequant_time_s(int64_t nf4_params, const HardwareSpec& hw);
@@ -100,7 +115,9 @@ double nf4_dequant_time_s(int64_t nf4_params, const HardwareSpec& hw);
 //   SGD with momentum: fused 2P + G + 2S; foreach mul_(buf), add_(buf, g), add_(p, buf): 2P + G + 5S.
 // A separate working copy (mixed precision's bf16 weights beside the fp32 master) is refreshed after the
 // step: + P read + W written. E.g. pure bf16 AdamW: 14 B fused, 42 B foreach; fp32 (amp) AdamW foreach 84 B.
-double optimizer_step_bytes_per_param(Precision precision, Optimizer optimizer, bool foreach);
+// paged: bitsandbytes' Paged* optimizers run their own fused kernel (optimizer_update_32bit /
+// _8bit_blockwise) whatever the framework's foreach default, with fp32 moments under 32-bit.
+double optimizer_step_bytes_per_param(Precision precision, Optimizer optimizer, bool foreach, bool paged = false);
 
 // The optimizer step: a memory-bound pass over `bytes_per_param` per trainable parameter at HBM
 // bandwidth. A calibration scales the bandwidth (EfficiencyModel::optimizer_bandwidth_factor).

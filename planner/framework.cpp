@@ -127,6 +127,12 @@ const std::vector<std::pair<std::string, Setter>>& leaves() {
       {"knobs.selective_checkpointing",
        [](P& p, const Json& v, const std::string& n) { p.offers_selective_checkpointing = boolean(v, n); }},
       {"knobs.compile", [](P& p, const Json& v, const std::string& n) { p.offers_compile = boolean(v, n); }},
+      {"compute.eager_norm_bytes_per_hidden",
+       [](P& p, const Json& v, const std::string& n) { p.eager_norm_bytes_per_hidden = number_in(v, n, 0, 1000); }},
+      {"compute.eager_rope_bytes_per_element",
+       [](P& p, const Json& v, const std::string& n) { p.eager_rope_bytes_per_element = number_in(v, n, 0, 1000); }},
+      {"compute.eager_mlp_act_bytes_per_intermediate",
+       [](P& p, const Json& v, const std::string& n) { p.eager_mlp_act_bytes_per_intermediate = number_in(v, n, 0, 1000); }},
       {"parallelism.default_sharding",
        [](P& p, const Json& v, const std::string& n) {
          p.default_sharding = text(v, n);

@@ -128,6 +128,15 @@ struct FrameworkProfile {
   bool optimizer_in_backward_allows_accumulation = false;
   bool offers_selective_checkpointing = false;
   bool offers_compile = false;
+
+  // Eager element-wise work of one block, bytes each module's eager ops read and write per element of
+  // their tensor (bf16 activations), counted op by op from the framework's module code (compute_model.h
+  // eager_elementwise_bytes_per_token): one RMSNorm per hidden element (e.g. 36: transformers' upcast,
+  // pow, mean, rsqrt-mul, downcast, weight), rotary embedding per q and k element (e.g. 20), the gated MLP's
+  // activation per intermediate element (e.g. 10: silu, then x up). 0: not counted.
+  double eager_norm_bytes_per_hidden = 0;
+  double eager_rope_bytes_per_element = 0;
+  double eager_mlp_act_bytes_per_intermediate = 0;
   std::vector<int64_t> fsdp_versions{1};
 
   // Parallelism beyond data parallelism (planner/parallelism.h), and what sharded data parallelism means.

@@ -149,7 +149,7 @@ struct StateBytes {
 // optimizer states. QLoRA's unquantised weights are fp32 where the framework upcasts them
 // (prepare_model_for_kbit_training).
 StateBytes state_bytes(const UnitParams& u, const TrainingSetup& setup, const FrameworkProfile& fw) {
-  const ParamBytes tb = trainable_param_bytes(setup.precision, setup.optimizer);
+  const ParamBytes tb = trainable_param_bytes(setup.precision, setup.optimizer, setup.paged_optimizer);
   const double frozen = setup.method == Method::qlora && fw.fp32_upcast_unquantized ? 4.0
                         : setup.precision == Precision::amp                            ? fw.amp_frozen_weight_bytes
                                                                                        : frozen_weight_bytes(setup.precision);
@@ -611,7 +611,9 @@ MemoryEstimate estimate_memory(const PreparedJob& job, const Candidate& c, int64
     }
     States st = shard_states(w, g, o, layers, true, true, double(job.trainable_params), layers * job.layer_expert_weight_bytes,
                              layers * job.layer_expert_grad_bytes, layers * job.layer_expert_opt_bytes);
+    double paged = 0;
     if (setup.paged_optimizer) {  // bitsandbytes pages optimizer states out to host memory under pressure
+      paged = st.o;
       st.host += st.o;
       st.o = 0;
     }
@@ -642,6 +644,7 @@ MemoryEstimate estimate_memory(const PreparedJob& job, const Candidate& c, int64
     m.optimizer = to_bytes(st.o);
     m.temporary = to_bytes(st.temp);
     m.host = to_bytes(st.host);
+    m.paged_optimizer = to_bytes(paged);
     e.peak_moment = "forward-backward";
     // The optimizer step, after backward: activations gone, its own temporaries alive. The peak when
     // they outweigh the activations (full fine-tuning with little activation memory).
@@ -836,7 +839,7 @@ double zero_model_state_bytes(double params, double k, int64_t n, int stage) {
 std::vector<std::string> memory_assumptions(const ModelSpec& model, const HardwareSpec& hw,
                                             const TrainingSetup& setup) {
   const FrameworkProfile& fw = framework_profile(setup.framework);
-  const ParamBytes tb = trainable_param_bytes(setup.precision, setup.optimizer);
+  const ParamBytes tb = trainable_param_bytes(setup.precision, setup.optimizer, setup.paged_optimizer);
   std::vector<std::string> lines;
   lines.push_back("framework " + fw.name + ": " + fw.title + " (" + fw.versions + "); configs/frameworks/" + fw.name +
                   ".json cites each value");

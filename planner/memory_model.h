@@ -46,6 +46,8 @@ struct MemoryBreakdown {          // bytes on one GPU (the most loaded rank), at
                                   // NCCL buffers: device_peak − the terms above
   int64_t total = 0;              // device_peak: what fits is judged on
   int64_t host = 0;               // host memory one rank's offload uses (not part of total)
+  int64_t paged_optimizer = 0;    // of host: bitsandbytes paged optimizer states (CUDA unified memory), which
+                                  // migrate to the GPU for each parameter's update (step_time.h paged_state_migration_s)
 };
 
 // One phase of the job: loading the model, the training step, saving.

@@ -59,9 +59,13 @@ std::vector<std::string> step_assumptions(const PlanContext& ctx, const Training
                     "% a fused causal kernel runs)"
               : std::string(""))
       << "; optimizer step " << format_fixed(optimizer_step_bytes_per_param(setup.precision, setup.optimizer,
-                                                                             ctx.memory.framework->optimizer_foreach), 0)
+                                                                             ctx.memory.framework->optimizer_foreach,
+                                                                             setup.paged_optimizer), 0)
       << " B per trainable parameter at HBM bandwidth ("
-      << (ctx.memory.framework->optimizer_foreach ? "foreach" : "fused") << ")";
+      << (setup.paged_optimizer ? "bitsandbytes' paged kernel" : ctx.memory.framework->optimizer_foreach ? "foreach" : "fused") << ")";
+  if (setup.paged_optimizer)
+    eff << "; paged optimizer states that do not fit beside the step's peak cross the host link twice per step ("
+       << format_fixed(hw.pcie_host_bandwidth_bytes_per_s / 1e9, 1) << " GB/s; the UVM driver evicts first in, first out)";
   if (!hw.efficiency.source.empty()) {
     const EfficiencyModel& e = hw.efficiency;
     if (setup.efficiency) {

@@ -2,7 +2,7 @@
 
 namespace ftplan {
 
-ParamBytes trainable_param_bytes(Precision precision, Optimizer optimizer) {
+ParamBytes trainable_param_bytes(Precision precision, Optimizer optimizer, bool paged) {
   // Optimizer moments: AdamW keeps two, SGD with momentum one; 8-bit AdamW one byte per moment.
   auto moments = [&](double bytes_per_moment) {
     switch (optimizer) {
@@ -16,7 +16,7 @@ ParamBytes trainable_param_bytes(Precision precision, Optimizer optimizer) {
     case Precision::mixed: return {2, 2, 4 + moments(4)};             // fp32 master + fp32 moments
     case Precision::mixed_fp32_grads: return {2, 4, 4 + moments(4)};  // Megatron/DeepSpeed's 18
     case Precision::amp: return {4, 4, moments(4)};                   // fp32 weights, autocast to bf16
-    case Precision::bf16: return {2, 2, moments(2)};                  // torchtune/litgpt
+    case Precision::bf16: return {2, 2, moments(paged ? 4 : 2)};      // torchtune/litgpt (bitsandbytes' paged: fp32 moments)
     case Precision::fp32: return {4, 4, moments(4)};
   }
   return {0, 0, 0};

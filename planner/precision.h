@@ -15,7 +15,11 @@ struct ParamBytes {
 // Bytes per *trainable* parameter. Mixed precision with AdamW: 2 + 2 + (4 master + 4 m + 4 v) = 16,
 // the ZeRO paper's K = 12 (Rajbhandari et al. 2020, sec. 3.1). 8-bit AdamW keeps m and v in one byte
 // each (Dettmers et al. 2022); SGD with momentum keeps one moment.
-ParamBytes trainable_param_bytes(Precision precision, Optimizer optimizer);
+// paged: bitsandbytes' Paged* optimizers (the optimizers ftplan pages are bitsandbytes'), whose 32-bit
+// AdamW keeps fp32 moments whatever the parameter's dtype (Optimizer2State.init_state:
+// get_state_buffer(p, dtype=torch.float32), bitsandbytes/optim/optimizer.py at
+// 06029dd6edcc719e5831443179bcb206c6355093): 8 B per parameter under pure bf16, not 4.
+ParamBytes trainable_param_bytes(Precision precision, Optimizer optimizer, bool paged = false);
 
 // Bytes of one activation element: 2 under mixed/amp/bf16 compute, 4 under fp32.
 int activation_bytes(Precision precision);

@@ -252,6 +252,11 @@ ShardedLayerComm sharded_layer_comm(const PlanContext& ctx, const Candidate& can
   return lc;
 }
 
+double paged_state_migration_s(double paged_state_bytes, double free_device_bytes, double host_bandwidth_bytes_per_s) {
+  if (paged_state_bytes <= 0 || paged_state_bytes <= free_device_bytes || host_bandwidth_bytes_per_s <= 0) return 0;
+  return 2.0 * paged_state_bytes / host_bandwidth_bytes_per_s;
+}
+
 StepEstimate estimate_step(const PlanContext& ctx, const Candidate& cand, const StepOptions& opt) {
   const ModelSpec& model = *ctx.memory.model;
   const HardwareSpec& hw = *ctx.memory.hw;
@@ -303,6 +308,12 @@ StepEstimate estimate_step(const PlanContext& ctx, const Candidate& cand, const 
     backward = (backward_s_per_token(model, ctx.flops, rates) + (ckpt ? model.num_layers * block_forward_s_per_token(ctx.flops, rates) : 0) +
                 selective_s + expert_extra_backward / rates.block_matmul) * T / split;
   }
+  // Eager element-wise work beyond fused kernels (compute_model.h eager_elementwise_bytes_per_token), at HBM
+  // bandwidth: once in forward, twice in backward, once more where full checkpointing recomputes the blocks.
+  const double eager_block_s = eager_elementwise_bytes_per_token(model, *ctx.memory.framework, setup) * T / split /
+                               hw.hbm_bandwidth_bytes_per_s;
+  forward += model.num_layers * eager_block_s;
+  backward += model.num_layers * eager_block_s * (ckpt ? 3.0 : 2.0);
   const double dequant = ctx.nf4_params ? nf4_dequant_time_s(ctx.nf4_params / par.tp, hw) * (ckpt ? 3 : 2) : 0;
   // Activation offloading: each block input goes to the host in forward and back in backward, on
   // its own stream (torchtune's OffloadActivations): only what compute cannot hide is exposed.
@@ -377,7 +388,8 @@ StepEstimate estimate_step(const PlanContext& ctx, const Candidate& cand, const 
   const double model_parallel = static_cast<double>(par.tp * par.pp);
   double optimizer = optimizer_step_time_s(ctx.trainable_params, hw,
                                           optimizer_step_bytes_per_param(setup.precision, setup.optimizer,
-                                                                         ctx.memory.framework->optimizer_foreach)) /
+                                                                         ctx.memory.framework->optimizer_foreach,
+                                                                         setup.paged_optimizer)) /
                      model_parallel;
   double compute = G * micro;
   const int64_t shard = par.shard_group();
@@ -529,6 +541,15 @@ StepEstimate estimate_step(const PlanContext& ctx, const Candidate& cand, const 
   if (par.ep > 1 && ctx.expert_trainable_params > 0 && !par.shards_optimizer() && ctx.trainable_params > 0) {
     const double own = double(ctx.trainable_params - ctx.expert_trainable_params) + double(ctx.expert_trainable_params) / par.ep;
     optimizer *= own / double(ctx.trainable_params);
+  }
+  // Paged optimizer states (bitsandbytes) that do not fit beside the step's own peak: moved in and out
+  // once per optimizer step (paged_state_migration_s).
+  if (setup.paged_optimizer) {
+    const MemoryEstimate m = estimate_memory(ctx.memory, cand, ctx.num_gpus, false);
+    s.paged_state_migration_s =
+        paged_state_migration_s(double(m.per_gpu.paged_optimizer), double(hw.memory_bytes) - double(m.device_peak),
+                                hw.pcie_host_bandwidth_bytes_per_s);
+    optimizer += s.paged_state_migration_s;
   }
   s.compute_s = compute;
   s.comm_s = comm;

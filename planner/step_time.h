@@ -93,6 +93,7 @@ struct StepEstimate {
   double exposed_comm_s = 0;   // the part compute does not hide
   double bubble_s = 0;         // pipeline / naive-MP idle time on the busiest GPU
   double optimizer_s = 0;
+  double paged_state_migration_s = 0;  // of optimizer_s: paged optimizer states over the host link
   double step_time_s = 0;
   double bubble_fraction = 0;
   double tokens_per_step = 0;  // all GPUs together
@@ -130,6 +131,23 @@ BucketedTime ddp_bucketed_all_reduce(const PlanContext& context, const StepOptio
                                      double grad_bytes);
 
 StepEstimate estimate_step(const PlanContext& context, const Candidate& candidate, const StepOptions& options = {});
+
+// bitsandbytes' paged optimizer states: each is a CUDA unified-memory buffer (cudaMallocManaged,
+// bitsandbytes/functional.py get_paged) that the optimizer prefetches to the GPU before it updates the
+// parameter (prefetch_state, cudaMemPrefetchAsync) and then synchronizes (Optimizer8bit.step calls
+// torch.cuda.synchronize() after every parameter: bitsandbytes/optim/optimizer.py at
+// 06029dd6edcc719e5831443179bcb206c6355093), so the migration is on the step's critical path. Where the
+// states fit in the device memory the step leaves free they stay resident after the first step: 0. Where
+// they do not, the driver evicts the root chunk at the head of its used list to make room, and chunks
+// are not moved to the tail when they are used again (NVIDIA/open-gpu-kernel-modules
+// kernel-open/nvidia-uvm/uvm_pmm_gpu.c pick_root_chunk_to_evict, "TODO: Bug 1765193: Move the chunks to
+// the tail of the used list whenever they get mapped", at 04848d3dab5ed57188e4776937f69b3fc82cdd84):
+// first in, first out. The optimizer walks the same parameters in the same order every step, and a
+// cyclic walk over more than fits evicts every chunk before its next use under FIFO, so every paged
+// state comes in and, written by the update, goes back out, every step: 2 x paged bytes over the host
+// link, the eviction finishing before its chunk is refilled (evict_root_chunk runs before the chunk is
+// handed out): one direction at a time.
+double paged_state_migration_s(double paged_state_bytes, double free_device_bytes, double host_bandwidth_bytes_per_s);
 
 // Tokens one micro-batch of `micro_batch` rows times: seq_len when packed or padded to it, the
 // dataset's mean row length for padded batches of shorter rows.

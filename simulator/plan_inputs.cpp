@@ -64,11 +64,15 @@ StepInputs step_inputs_from_plan(const PlanContext& ctx, const Candidate& c, boo
                                        double(model.hidden_size));
   }
   const double extra = (load - 1.0) * f.block_expert;
+  // Eager element-wise work beyond fused kernels, as estimate_step counts it (compute_model.h): the recompute
+  // under checkpointing replays forward_s.
+  const double eager_block_s = eager_elementwise_bytes_per_token(model, *mem.framework, setup) * T / split / hw.hbm_bandwidth_bytes_per_s;
   for (int64_t l = 0; l < model.num_layers; ++l) {
     LayerCost block;
     block.name = "block " + std::to_string(l);
-    block.forward_s = (f.block_matmul * s_mm + f.block_attention_executed * s_att + f.block_lora * s_lora) * T + block_dequant;
-    block.backward_input_s = (f.block_matmul * s_mm + 2 * f.block_attention_executed * s_att + f.block_lora * s_lora) * T + block_dequant;
+    block.forward_s = (f.block_matmul * s_mm + f.block_attention_executed * s_att + f.block_lora * s_lora) * T + block_dequant + eager_block_s;
+    block.backward_input_s = (f.block_matmul * s_mm + 2 * f.block_attention_executed * s_att + f.block_lora * s_lora) * T + block_dequant +
+                             2 * eager_block_s;
     block.backward_weight_s = ((f.weights_train ? f.block_matmul * s_mm : 0.0) + f.block_lora * s_lora) * T;
     if (model.moe.active()) {
       block.forward_s += extra * T * s_mm;

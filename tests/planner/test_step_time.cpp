@@ -8,10 +8,12 @@
 #include "planner/collectives.h"
 #include "planner/compute_model.h"
 #include "planner/data_paths.h"
+#include "planner/framework.h"
 #include "planner/hardware_spec.h"
 #include "planner/json_fields.h"
 #include "planner/memory_model.h"
 #include "planner/model_spec.h"
+#include "planner/precision.h"
 #include "planner/step_time.h"
 #include "planner/training_setup.h"
 #include "planner_fixtures.h"
@@ -383,6 +385,90 @@ TEST_CASE("the optimizer step's bytes per parameter follow its implementation", 
       const auto ctx = ftplan::prepare_plan(model, hw, setup, 1);
       const auto s = ftplan::estimate_step(ctx, cand(ctx, Strategy::single, 1, Checkpointing::full, Attention::fused));
       CHECK_THAT(s.optimizer_s, WithinRel(double(ctx.trainable_params) * bytes / hw.hbm_bandwidth_bytes_per_s, kExact));
+    }
+  }
+}
+
+TEST_CASE("bitsandbytes' paged optimizer states cross the host link every step when they do not fit", "[step][paged]") {
+  using ftplan::Optimizer;
+  using ftplan::Precision;
+  // step_time.h paged_state_migration_s: states that fit beside the step stay on the GPU; states that do not
+  // are all evicted before their next use (FIFO over a cyclic walk) and come in and go out once per step.
+  CHECK(ftplan::paged_state_migration_s(10e9, 10e9, 25e9) == 0);
+  CHECK(ftplan::paged_state_migration_s(10e9, 20e9, 25e9) == 0);
+  CHECK_THAT(ftplan::paged_state_migration_s(10e9, 9e9, 25e9), WithinRel(2 * 10e9 / 25e9, kExact));  // 0.8 s, not 2 x 1 GB
+  CHECK_THAT(ftplan::paged_state_migration_s(10e9, -1e9, 25e9), WithinRel(0.8, kExact));
+  // bitsandbytes' 32-bit PagedAdamW keeps fp32 moments on a bf16 model: 8 B per parameter, 4 B without paging.
+  CHECK(ftplan::trainable_param_bytes(Precision::bf16, Optimizer::adamw, true).optimizer == 8);
+  CHECK(ftplan::trainable_param_bytes(Precision::bf16, Optimizer::adamw, false).optimizer == 4);
+  // Its update is its own fused kernel (optimizer_update_32bit): 2P + G + 4 x 4 B = 22 B, even where the framework's
+  // default AdamW is foreach.
+  CHECK(ftplan::optimizer_step_bytes_per_param(Precision::bf16, Optimizer::adamw, true, true) == 2 * 2 + 2 + 4 * 4);
+
+  // torchtune's Llama-2-7B full fine-tune with PagedAdamW on one RTX 4090 (recipes/configs/llama2/
+  // 7B_full_low_memory.yaml): 6,738,415,616 parameters x 8 B = 53.9 GB of states against a 24 GB card that
+  // already holds the 13.5 GB of bf16 weights: all of it in and out, 2 x 53.9 GB at the hwdb's 24 GB/s = 4.49 s.
+  const auto model = load_model("llama-2-7b");
+  auto setup = make_setup("llama-2-7b", Method::full, 1, 2048);
+  setup.framework = "torchtune";
+  setup.precision = Precision::bf16;
+  setup.optimizer = Optimizer::adamw;
+  setup.paged_optimizer = true;
+  setup.optimizer_in_backward = true;
+  constexpr double kParams = 6'738'415'616.0;
+  SECTION("RTX 4090: the states do not fit") {
+    const auto hw = ftplan::load_hardware("rtx-4090");
+    const auto ctx = ftplan::prepare_plan(model, hw, setup, 1);
+    REQUIRE(double(ctx.trainable_params) == kParams);
+    const auto c = cand(ctx, Strategy::single, 4, Checkpointing::full, Attention::fused);
+    const auto m = ftplan::estimate_memory(ctx.memory, c, 1, false);
+    CHECK(double(m.per_gpu.paged_optimizer) == 8 * kParams);
+    CHECK(m.per_gpu.optimizer == 0);
+    const auto s = ftplan::estimate_step(ctx, c);
+    CHECK_THAT(s.paged_state_migration_s, WithinRel(2 * 8 * kParams / 2.4e10, kExact));  // 4.4923 s
+    CHECK_THAT(s.optimizer_s - s.paged_state_migration_s, WithinRel(kParams * 22 / hw.hbm_bandwidth_bytes_per_s, 1e-9));
+    CHECK_THAT(s.step_time_s, WithinRel(s.compute_s + s.optimizer_s, kExact));
+  }
+  SECTION("H200: 54 GB of states fit beside the step, and stay") {
+    const auto hw = ftplan::load_hardware("h200");
+    const auto ctx = ftplan::prepare_plan(model, hw, setup, 1);
+    const auto s = ftplan::estimate_step(ctx, cand(ctx, Strategy::single, 4, Checkpointing::full, Attention::fused));
+    CHECK(s.paged_state_migration_s == 0);
+    CHECK_THAT(s.optimizer_s, WithinRel(kParams * 22 / hw.hbm_bandwidth_bytes_per_s, 1e-9));
+  }
+}
+
+TEST_CASE("eager element-wise work beyond fused kernels, at HBM bandwidth; none under compile", "[step][elementwise]") {
+  // compute_model.h eager_elementwise_bytes_per_token: per block and token, two RMSNorms over hidden_size,
+  // RoPE over q_dim + kv_dim, the MLP's activation over intermediate_size, each at the framework's eager bytes
+  // per element less one fused kernel's (4, 4, 6). Llama-3.2-3B: hidden 3072, q 3072, kv 1024, intermediate 8192.
+  const auto model = load_model("llama-3.2-3b");
+  auto setup = make_setup("llama-3.2-3b", Method::lora, 1, 1024);
+  const double hf = 2 * (36 - 4) * 3072.0 + (20 - 4) * 4096.0 + (10 - 6) * 8192.0;          // 294,912 B
+  const double torchtune = 2 * (40 - 4) * 3072.0 + (48 - 4) * 4096.0 + (10 - 6) * 8192.0;   // 434,176 B
+  CHECK(hf == 294'912);
+  for (const auto& [fw, bytes] : {std::pair<std::string, double>{"hf", hf}, {"torchtune", torchtune}, {"ftexec", 0.0}}) {
+    CAPTURE(fw);
+    setup.framework = fw;
+    setup.compile = false;
+    CHECK(ftplan::eager_elementwise_bytes_per_token(model, ftplan::framework_profile(fw), setup) == bytes);
+    setup.compile = true;
+    CHECK(ftplan::eager_elementwise_bytes_per_token(model, ftplan::framework_profile(fw), setup) == 0);
+  }
+  SECTION("the step: forward once, backward twice, full checkpointing's recompute once more") {
+    const auto hw = ftplan::load_hardware("a100-80gb-sxm");
+    setup.framework = "hf";
+    for (const auto ck : {Checkpointing::none, Checkpointing::full}) {
+      CAPTURE(ftplan::to_string(ck));
+      setup.compile = false;
+      const auto eager_ctx = ftplan::prepare_plan(model, hw, setup, 1);
+      const auto eager = ftplan::estimate_step(eager_ctx, cand(eager_ctx, Strategy::single, 4, ck, Attention::fused));
+      setup.compile = true;
+      const auto compiled_ctx = ftplan::prepare_plan(model, hw, setup, 1);
+      const auto compiled = ftplan::estimate_step(compiled_ctx, cand(compiled_ctx, Strategy::single, 4, ck, Attention::fused));
+      const double passes = ck == Checkpointing::full ? 4 : 3;
+      const double tokens = 4 * 1024.0;
+      CHECK_THAT(eager.compute_s - compiled.compute_s, WithinRel(28 * hf * passes * tokens / 2.039e12, 1e-9));  // 65 ms / 87 ms
     }
   }
 }
