@@ -56,13 +56,14 @@ std::vector<HardwareSpec> load_gpu_catalogue() {
 
 std::string gpu_catalogue_table(const std::vector<HardwareSpec>& gpus) {
   const std::vector<Column> columns = {
-      {"id", false},           {"memory GiB", true}, {"bf16 TFLOP/s", true}, {"fp8 TFLOP/s", true},
+      {"id", false},           {"memory GiB", true}, {"usable GiB", true}, {"bf16 TFLOP/s", true}, {"fp8 TFLOP/s", true},
       {"mem TB/s", true},      {"NVLink domain", true}, {"PCIe-only", false}, {"GPUs/node", true},
       {"host GiB/node", true}, {"USD/GPU-h", true},  {"price read", false}, {"name", false}};
   std::vector<std::vector<std::string>> rows;
   for (const auto& hw : gpus)
     rows.push_back({hw.id,
                     format_fixed(hw.memory_bytes / kGiB, 2),
+                    format_fixed(usable_device_bytes(hw) / kGiB, 2),
                     tflops(hw.peak_flops_bf16),
                     tflops(hw.peak_flops_fp8),
                     format_fixed(hw.hbm_bandwidth_bytes_per_s / 1e12, 2),
@@ -74,7 +75,8 @@ std::string gpu_catalogue_table(const std::vector<HardwareSpec>& gpus) {
                     hw.price_date,
                     hw.kind == "gpu" ? hw.name : hw.name + " [" + hw.kind + "]"});
   return render(columns, rows) +
-         "memory: what nvidia-smi / rocm-smi reports; peaks: dense (no sparsity); price: indicative on-demand "
+         "memory: what nvidia-smi / rocm-smi reports; usable: what one process can allocate (torch's total "
+         "capacity, where hwdb states it), which fits is judged against; peaks: dense (no sparsity); price: indicative on-demand "
          "rental, with its source in hwdb/<id>.json (override: --price-per-gpu-hour)\n";
 }
 
@@ -87,6 +89,7 @@ nlohmann::json gpu_catalogue_json(const std::vector<HardwareSpec>& gpus) {
                     {"kind", hw.kind},
                     {"memory_bytes", hw.memory_bytes},
                     {"memory_gib", hw.memory_bytes / kGiB},
+                    {"usable_memory_bytes", usable_device_bytes(hw)},
                     {"peak_flops_bf16", hw.peak_flops_bf16},
                     {"peak_flops_fp8", hw.peak_flops_fp8},
                     {"hbm_bandwidth_bytes_per_s", hw.hbm_bandwidth_bytes_per_s},
