@@ -25,15 +25,18 @@ ids = sorted(f[:-5] for f in os.listdir(sys.argv[2]) if f.endswith(".json"))
 problems = []
 keys = {"id", "name", "kind", "memory_bytes", "memory_gib", "peak_flops_bf16", "peak_flops_fp8",
         "hbm_bandwidth_bytes_per_s", "nvlink_domain_size", "pcie_only", "gpus_per_node",
-        "host_memory_bytes_per_node", "price_usd_per_gpu_hour", "price_date", "price_source"}
+        "host_memory_bytes_per_node", "price_usd_per_gpu_hour", "price_date", "price_source",
+        "usable_memory_bytes"}
 if [g["id"] for g in d["gpus"]] != ids: problems.append("ids differ from hwdb/: %s" % [g["id"] for g in d["gpus"]])
 for g in d["gpus"]:
     if set(g) != keys: problems.append(g["id"] + ": keys " + str(sorted(set(g) ^ keys)))
     if not re.fullmatch(r"20\d\d-(0[1-9]|1[0-2])", g["price_date"]): problems.append(g["id"] + ": price_date " + g["price_date"])
+    if not 0 < g["usable_memory_bytes"] <= g["memory_bytes"]: problems.append(g["id"] + ": usable memory outside (0, memory]")
     if g["pcie_only"] and g["nvlink_domain_size"] != 1: problems.append(g["id"] + ": PCIe-only with a domain")
     if g["kind"] == "gpu" and not g["price_source"]: problems.append(g["id"] + ": no price source")
 h100 = next(g for g in d["gpus"] if g["id"] == "h100-sxm")
 if h100["memory_bytes"] != 81559 * 2**20: problems.append("h100-sxm memory is not nvidia-smi's 81559 MiB")
+if h100["usable_memory_bytes"] != 81009 * 2**20: problems.append("h100-sxm usable memory is not torch's 79.11 GiB (81009 MiB)")
 nvl = next(g for g in d["gpus"] if g["id"] == "gb200-nvl72")
 if nvl["nvlink_domain_size"] != 72: problems.append("gb200-nvl72: domain %d" % nvl["nvlink_domain_size"])
 print("; ".join(problems))
