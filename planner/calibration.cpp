@@ -11,6 +11,7 @@
 #include <boost/numeric/ublas/vector.hpp>
 
 #include "planner/compare_report.h"
+#include "planner/compute_model.h"
 #include "planner/errors.h"
 #include "planner/framework.h"
 #include "planner/job_fields.h"
@@ -282,6 +283,8 @@ Calibration default_calibration(const HardwareSpec& hw, const std::string& preci
   c.device = hw.id;
   c.precision = precision;
   c.method = "hwdb";
+  // The hwdb's per-shape GEMM anchors where it has them and the runs use bf16 tensor cores.
+  if (!precision.empty() && precision != "fp32") c.gemm_efficiency = hwdb_gemm_anchors(hw, Precision::mixed, hw.matmul_efficiency);
   from_theta(c, to_theta(c, hw));
   return c;
 }

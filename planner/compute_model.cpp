@@ -110,6 +110,14 @@ double gemm_efficiency(const EfficiencyModel& eff, double fallback, double small
   return 1.0 / ((1.0 - t) / eff.gemm[i] + t / eff.gemm[i + 1]);
 }
 
+std::vector<double> hwdb_gemm_anchors(const HardwareSpec& hw, Precision precision, double efficiency) {
+  if (precision == Precision::fp32 || hw.gemm_efficiency_bf16.size() != size_t(kGemmAnchors)) return {};
+  std::vector<double> anchors = hw.gemm_efficiency_bf16;
+  const double largest = hw.gemm_efficiency_bf16.back();
+  for (double& a : anchors) a *= efficiency / largest;
+  return anchors;
+}
+
 PieceRates piece_rates(const ModelSpec& m, const HardwareSpec& hw, const TrainingSetup& setup, double rows, int64_t tp,
                        int64_t ep) {
   PieceRates r;
@@ -117,7 +125,10 @@ PieceRates piece_rates(const ModelSpec& m, const HardwareSpec& hw, const Trainin
   const double e = compute_efficiency(hw, setup);
   r.rate = peak * e;
   r.block_matmul = r.attention = r.lora = r.head = r.rate;
-  const EfficiencyModel& eff = hw.efficiency;
+  // A calibration's anchors, else the hwdb's measured bf16 GEMM anchors where the step runs its GEMMs on
+  // bf16 tensor cores (not under fp32: its peak and kernels differ).
+  EfficiencyModel eff = hw.efficiency;
+  if (eff.gemm.empty()) eff.gemm = hwdb_gemm_anchors(hw, setup.precision, e);
   if (setup.efficiency || (eff.gemm.empty() && !eff.attention)) return r;
   r.uniform = false;
   r.attention = peak * eff.attention.value_or(e);

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "planner/framework.h"
 #include "planner/hardware_spec.h"
@@ -64,8 +65,9 @@ double compute_efficiency(const HardwareSpec& hw, const TrainingSetup& setup);
 // each GEMM at the efficiency of its smallest dimension (rows, or its in or out features as one
 // tensor-parallel rank holds them; a routed expert sees rows·top_k·ep / num_experts rows; a LoRA
 // adapter's smallest dimension is its rank), a piece's rate the FLOP-weighted harmonic mean over its
-// GEMMs; attention at its own efficiency. Where nothing is calibrated, or the user gave --efficiency,
-// every piece runs at `rate` and `uniform` is true (the one-rate sums are kept exactly).
+// GEMMs; attention at its own efficiency. The anchors: a calibration's, else the hwdb's per-shape table
+// (hwdb_gemm_anchors). Where there are none, or the user gave --efficiency, every piece runs at `rate` and
+// `uniform` is true (the one-rate sums are kept exactly).
 struct PieceRates {
   double block_matmul = 0, attention = 0, lora = 0, head = 0;  // FLOP/s
   double rate = 0;        // the uniform rate: peak · compute_efficiency
@@ -73,6 +75,16 @@ struct PieceRates {
 };
 PieceRates piece_rates(const ModelSpec& model, const HardwareSpec& hw, const TrainingSetup& setup, double rows,
                        int64_t tp = 1, int64_t ep = 1);
+
+// The GEMM anchors the hwdb implies for a step (none where the file has no measured per-shape GEMM table
+// or the step runs fp32): the measured bf16 GEMM efficiency at each anchor (hardware_spec.h
+// gemm_efficiency_bf16) relative to the largest anchor's, times `efficiency` (the training-level
+// matmul_efficiency). The measured table holds one GEMM in isolation, back to back at full clocks; a training
+// step's GEMMs reach about half of that at their largest shapes (torchtitan's Llama 3.1 8B rows on H100:
+// matmul_efficiency 0.40 predicts them within 7%, the table's 0.83 at 4096 predicts them 77-94% too fast,
+// README "How accurate is it"), so the table gives how much slower a smaller shape runs, and matmul_efficiency
+// the level of the largest.
+std::vector<double> hwdb_gemm_anchors(const HardwareSpec& hw, Precision precision, double efficiency);
 
 // GEMM efficiency at a smallest dimension, from the model's three anchors (log2-interpolated, held
 // beyond the ends); `fallback` where the model has none.

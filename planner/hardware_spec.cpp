@@ -1,5 +1,6 @@
 #include "planner/hardware_spec.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <functional>
 #include <set>
@@ -183,7 +184,7 @@ HardwareSpec parse(const nlohmann::json& j, const std::string& id, const std::st
                            "inter_node_bandwidth_bytes_per_s", "pcie_host_bandwidth_bytes_per_s",
                            "host_memory_bytes_per_node", "price_usd_per_gpu_hour", "price_date",
                            "matmul_efficiency", "comm_latency_s", "framework_overhead_bytes",
-                           "usable_memory_bytes", "topology", "sources"},
+                           "usable_memory_bytes", "gemm_efficiency", "topology", "sources"},
                        where);
   });
   problems.check([&] {
@@ -263,6 +264,19 @@ HardwareSpec parse(const nlohmann::json& j, const std::string& id, const std::st
   });
   // An efficiency is a fraction of peak; below 1% it is surely a percentage typed as a fraction.
   problems.check([&] { hw.matmul_efficiency = read_number(j, "matmul_efficiency", where, 0.01, 1.0); });
+  problems.check([&] {
+    if (!has_field(j, "gemm_efficiency")) return;
+    const auto& g = j.at("gemm_efficiency");
+    const std::string w = where + ": gemm_efficiency";
+    if (!g.is_object()) fail_input(w + ": expected an object {\"16\": .., \"64\": .., \"512\": .., \"4096\": ..}");
+    for (auto it = g.begin(); it != g.end(); ++it)
+      if (std::find_if(std::begin(kGemmAnchorKeys), std::end(kGemmAnchorKeys), [&](const char* k) { return it.key() == k; }) ==
+          std::end(kGemmAnchorKeys))
+        fail_input(w + ": " + it.key() + ": unknown key (the anchors are 16, 64, 512, 4096)");
+    std::vector<double> anchors;
+    for (const char* k : kGemmAnchorKeys) anchors.push_back(read_number(g, k, w, 0.01, 1.0));
+    hw.gemm_efficiency_bf16 = anchors;
+  });
   problems.check([&] { hw.comm_latency_s = read_number(j, "comm_latency_s", where, 0.0, 1.0); });
   problems.check([&] {
     hw.framework_overhead_bytes = read_int(j, "framework_overhead_bytes", where, 0, kTiB);
@@ -280,7 +294,8 @@ HardwareSpec parse(const nlohmann::json& j, const std::string& id, const std::st
     if (!s.is_object()) fail_input(w + ": expected an object");
     Problems inner;
     for (auto it = s.begin(); it != s.end(); ++it) {
-      bool known = it.key() == "topology" || (it.key() == "usable_memory_bytes" && has_field(j, "usable_memory_bytes"));
+      bool known = it.key() == "topology" || (it.key() == "usable_memory_bytes" && has_field(j, "usable_memory_bytes")) ||
+                   (it.key() == "gemm_efficiency" && has_field(j, "gemm_efficiency"));
       for (const char* f : kSourcedFigures) known = known || it.key() == f;
       if (!known) inner.add(w + ": " + it.key() + ": unknown key (not a figure of this file)");
       else if (!it->is_string() || it->get<std::string>().empty())
@@ -290,6 +305,7 @@ HardwareSpec parse(const nlohmann::json& j, const std::string& id, const std::st
     for (const char* f : kSourcedFigures)
       if (!s.contains(f)) inner.add(w + ": missing source for " + f);
     if (has_topology && !s.contains("topology")) inner.add(w + ": missing source for topology");
+    if (has_field(j, "gemm_efficiency") && !s.contains("gemm_efficiency")) inner.add(w + ": missing source for gemm_efficiency");
     if (!inner.empty()) inner.throw_all();
   });
 

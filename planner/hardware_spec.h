@@ -73,6 +73,12 @@ struct HardwareSpec {
   double price_usd_per_gpu_hour = 0;       // indicative on-demand rental, e.g. 2.69
   std::string price_date;                  // "YYYY-MM" the price was read, e.g. "2026-07"
   double matmul_efficiency = 0;            // achieved / peak bf16 for training, e.g. 0.45
+  // Measured bf16 GEMM efficiency (achieved / peak_flops_bf16) at kGemmAnchorDims of a GEMM's smallest
+  // dimension, one GEMM in isolation, from a published per-shape GEMM benchmark (hwdb key "gemm_efficiency");
+  // empty where none is published. Where set, each GEMM of a bf16 / mixed-precision step runs at
+  // matmul_efficiency scaled by its shape's measured efficiency relative to the largest anchor's
+  // (compute_model.h hwdb_gemm_anchors); a calibration's anchors (EfficiencyModel::gemm) replace these.
+  std::vector<double> gemm_efficiency_bf16;
   double comm_latency_s = 0;               // per collective step (alpha), e.g. 1e-5
   int64_t framework_overhead_bytes = 0;    // CUDA context + cuBLAS workspace + allocator slack
   Topology topology;                       // one node; derived as a star when the file has none

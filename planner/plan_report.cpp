@@ -52,7 +52,15 @@ std::vector<std::string> step_assumptions(const PlanContext& ctx, const Training
   std::ostringstream eff;
   eff << "compute: " << format_fixed(ctx.peak_flops / 1e12, 1) << " TFLOP/s peak ("
       << (setup.precision == Precision::fp32 ? "fp32" : "bf16") << ") x efficiency "
-      << format_fixed(ctx.efficiency, 2) << (setup.efficiency ? " (--efficiency)" : " (hwdb matmul_efficiency)")
+      << format_fixed(ctx.efficiency, 2) << (setup.efficiency ? " (--efficiency)" : " (hwdb matmul_efficiency)");
+  if (!setup.efficiency && hw.efficiency.source.empty()) {
+    const std::vector<double> a = hwdb_gemm_anchors(hw, setup.precision, ctx.efficiency);
+    if (!a.empty())
+      eff << ", each GEMM scaled by its shape's measured efficiency relative to the largest (hwdb gemm_efficiency): "
+          << format_fixed(a[0], 3) << " / " << format_fixed(a[1], 3) << " / " << format_fixed(a[2], 3) << " / "
+          << format_fixed(a[3], 3) << " at smallest dimension 16 / 64 / 512 / 4096";
+  }
+  eff
       << "; FLOPs: 2/weight/token forward, backward 2x (trained) or 1x (frozen), attention 4*S*q_dim per layer"
       << (ctx.flops.block_attention_executed < ctx.flops.block_attention
               ? " (MFU; timed at the " + format_fixed(100.0 * ctx.flops.block_attention_executed / ctx.flops.block_attention, 0) +

@@ -97,6 +97,18 @@ TEST_CASE("the hwdb's own figures as a calibration predict what no calibration d
     // The calibrated path sums piece by piece; the uniform one in one product: equal to rounding.
     CHECK(ftplan::predict_run_step_s(r, same) == Approx(ftplan::predict_run_step_s(r, hw)).epsilon(1e-9));
   }
+  // On a GPU with a measured per-shape GEMM table (h100-sxm), bf16: the prior holds the table's anchors.
+  const ftplan::HardwareSpec h100 = ftplan::load_hardware("h100-sxm");
+  const ftplan::Calibration prior = ftplan::default_calibration(h100, "mixed");
+  REQUIRE(prior.gemm_efficiency.size() == 4);
+  CHECK(prior.gemm_efficiency[3] == Approx(h100.matmul_efficiency));
+  CHECK(prior.gemm_efficiency[0] == Approx(h100.matmul_efficiency * h100.gemm_efficiency_bf16[0] / h100.gemm_efficiency_bf16[3]));
+  auto bf16_run = run_of("qwen2-0.5b", ftplan::Method::lora, 512, 2, 16);
+  bf16_run.job["gpu"] = "h100-sxm";
+  bf16_run.job["precision"] = "mixed";
+  bf16_run.device = "h100-sxm";
+  CHECK(ftplan::predict_run_step_s(bf16_run, ftplan::apply_calibration(h100, prior, "defaults")) ==
+        Approx(ftplan::predict_run_step_s(bf16_run, h100)).epsilon(1e-9));
   // A slower GEMM makes the step slower: the calibration reaches the prediction.
   ftplan::Calibration slow = ftplan::default_calibration(hw, "fp32");
   slow.gemm_efficiency = {0.03, 0.03, 0.03, 0.03};

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "planner/data_paths.h"
+#include "planner/calibration.h"
 #include "planner/errors.h"
 #include "planner/hardware_spec.h"
 #include "planner/json_fields.h"
@@ -327,6 +328,23 @@ TEST_CASE("hwdb: bad files are rejected naming the file and the field", "[hwdb]"
                         Equals("hwdb/h100-sxm.json: sources: missing source for " + std::string(key)));
     }
   }
+  SECTION("measured GEMM anchors: the four anchors, fractions, with their source") {
+    j["gemm_efficiency"]["128"] = 0.5;
+    CHECK_THROWS_WITH(load(), Contains("gemm_efficiency: 128: unknown key"));
+    j["gemm_efficiency"].erase("128");
+    j["gemm_efficiency"].erase("64");
+    CHECK_THROWS_WITH(load(), Contains("gemm_efficiency: 64: missing"));
+    j["gemm_efficiency"]["64"] = 22.6;  // a percentage
+    CHECK_THROWS_WITH(load(), Contains("gemm_efficiency: 64") && Contains("out of range"));
+    j["gemm_efficiency"]["64"] = 0.226;
+    CHECK_NOTHROW(load());
+    j["sources"].erase("gemm_efficiency");
+    CHECK_THROWS_WITH(load(), Contains("missing source for gemm_efficiency"));
+    j.erase("gemm_efficiency");
+    CHECK(load().gemm_efficiency_bf16.empty());  // optional: no table, every GEMM at matmul_efficiency
+    j["sources"]["gemm_efficiency"] = "a source for a figure the file does not have";
+    CHECK_THROWS_WITH(load(), Contains("sources: gemm_efficiency: unknown key"));
+  }
   SECTION("every problem is reported at once") {
     j["memory_bytes"] = -5;
     j["sources"].erase("comm_latency_s");
@@ -370,4 +388,29 @@ TEST_CASE("hwdb: usable memory is torch's total capacity, below nvidia-smi's tot
   auto plain = hw;
   plain.usable_memory_bytes = 0;
   CHECK(ftplan::usable_device_bytes(plain) == hw.memory_bytes);
+}
+
+TEST_CASE("hwdb: the H100's GEMM anchors are XLA's sm_90 per-shape table, fitted", "[hwdb]") {
+  using Catch::Matchers::WithinAbs;
+  // openxla's kDefaultMatmulPTable for sm_90 (tensorflow/tensorflow third_party/xla/xla/service/gpu/model/
+  // matmul_interpolator_data.h @ 9bebee8e), bf16 FLOP/s of the b=1 GEMMs whose smallest dimension d has the
+  // other two at 4096, as fractions of the SXM's 989 TFLOP/s, fitted as ftplan calibrate fits timed GEMMs.
+  const double peak = 989e12;
+  const std::vector<std::pair<double, double>> points = {
+      {256, 376.223e12 / peak},  {256, 412.027e12 / peak},  {256, 392.163e12 / peak},  {512, 649.965e12 / peak},
+      {512, 644.116e12 / peak},  {512, 543.117e12 / peak},  {1024, 738.474e12 / peak}, {1024, 738.474e12 / peak},
+      {1024, 677.440e12 / peak}, {2048, 758.435e12 / peak}, {2048, 753.644e12 / peak}, {2048, 738.736e12 / peak},
+      {4096, 783.329e12 / peak}};
+  const std::vector<double> fitted = ftplan::fit_gemm_anchors(points);
+  for (const char* id : {"h100-sxm", "h100-96gb-hbm2e"}) {
+    CAPTURE(id);
+    const ftplan::HardwareSpec hw = ftplan::load_hardware(id);
+    REQUIRE(hw.gemm_efficiency_bf16.size() == 4);
+    for (size_t k = 0; k < 4; ++k) CHECK_THAT(hw.gemm_efficiency_bf16[k], WithinAbs(fitted[k], 0.0006));  // 3 decimals
+    CHECK(hw.peak_flops_bf16 == peak);
+    CHECK_THAT(hw.sources.at("gemm_efficiency"), Catch::Matchers::Contains("9bebee8e429eea3a9a0cfcbd989f1aa6a470c15d"));
+  }
+  // Only the sm_90 H100s carry a table: no other GPU's per-shape GEMM throughput was found published.
+  for (const auto& id : ftplan::list_hardware_ids())
+    if (id != "h100-sxm" && id != "h100-96gb-hbm2e") CHECK(ftplan::load_hardware(id).gemm_efficiency_bf16.empty());
 }

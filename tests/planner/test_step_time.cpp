@@ -472,3 +472,38 @@ TEST_CASE("eager element-wise work beyond fused kernels, at HBM bandwidth; none 
     }
   }
 }
+
+TEST_CASE("hwdb per-shape GEMM anchors scale matmul_efficiency by a GEMM's shape", "[step][gemm]") {
+  const ftplan::ModelSpec model = ftplan::load_model("llama-3.2-1b");  // hidden 2048, vocabulary 128256
+  ftplan::HardwareSpec hw = ftplan::load_hardware("h100-sxm");
+  hw.matmul_efficiency = 0.4;
+  hw.gemm_efficiency_bf16 = {0.2, 0.2, 0.6, 0.8};  // measured in isolation; 0.8 at the largest anchor
+  ftplan::TrainingSetup s;
+  s.precision = ftplan::Precision::mixed;
+  const double peak = 989e12;
+  // Relative to the largest anchor, times matmul_efficiency: 0.4 x 0.6 / 0.8 = 0.3 at 512, 0.1 at 64 and below.
+  const std::vector<double> a = ftplan::hwdb_gemm_anchors(hw, s.precision, 0.4);
+  REQUIRE(a.size() == 4);
+  CHECK(a[0] == Approx(0.1));
+  CHECK(a[2] == Approx(0.3));
+  CHECK(a[3] == Approx(0.4));
+  // The head GEMM's smallest dimension is the micro-batch's rows: 512 rows -> 0.3, 16 rows -> 0.1, and
+  // 8192 rows -> min(8192, hidden 2048): halfway in log2 between 512 and 4096 is 1 / (1/3 / 0.3 + 2/3 / 0.4).
+  CHECK(ftplan::piece_rates(model, hw, s, 512).head == Approx(peak * 0.3));
+  CHECK(ftplan::piece_rates(model, hw, s, 16).head == Approx(peak * 0.1));
+  CHECK(ftplan::piece_rates(model, hw, s, 8192).head == Approx(peak / (1.0 / 3.0 / 0.3 + 2.0 / 3.0 / 0.4)));
+  CHECK_FALSE(ftplan::piece_rates(model, hw, s, 512).uniform);
+  // Attention stays at matmul_efficiency.
+  CHECK(ftplan::piece_rates(model, hw, s, 512).attention == Approx(peak * 0.4));
+  // fp32 (no bf16 tensor cores), --efficiency, or no table: one uniform rate.
+  ftplan::TrainingSetup fp32 = s;
+  fp32.precision = ftplan::Precision::fp32;
+  CHECK(ftplan::piece_rates(model, hw, fp32, 512).uniform);
+  ftplan::TrainingSetup given = s;
+  given.efficiency = 0.5;
+  CHECK(ftplan::piece_rates(model, hw, given, 512).uniform);
+  CHECK(ftplan::piece_rates(model, hw, given, 512).head == Approx(peak * 0.5));
+  hw.gemm_efficiency_bf16.clear();
+  CHECK(ftplan::piece_rates(model, hw, s, 512).uniform);
+  CHECK(ftplan::piece_rates(model, hw, s, 512).head == Approx(peak * 0.4));
+}
