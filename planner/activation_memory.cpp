@@ -34,6 +34,7 @@ ActivationInputs activation_inputs(const TrainingSetup& setup, int64_t micro_bat
   in.lora = setup.lora;
   in.gqa_kv_repeated = fw.gqa_kv_repeated;
   in.compile = setup.compile;
+  in.fused_norm_mlp = fw.fused_norm_mlp;
   in.selective = selective;
   in.selective_every_second_matmul = fw.selective_every_second_matmul;
   in.quantized_saves_input = fw.quantized_saves_input;
@@ -58,6 +59,7 @@ namespace {
 // trains, the normalised input (fp32 where the family scales by (1 + weight) in fp32: Gemma).
 double norm_bytes(const ModelSpec& m, const ActivationInputs& in, double T, double width, double rows, double arrives) {
   const double a = activation_bytes(in.precision);
+  if (in.fused_norm_mlp && !in.compile) return arrives * T * width + 4.0 * T * rows;  // Liger: X and RSTD
   return (in.compile ? arrives : 4.0) * T * width + 4.0 * T * rows +
          (base_trains(in) ? (m.norm_scale_fp32 ? 4.0 : a) * T * width : 0.0);
 }
@@ -202,6 +204,10 @@ ActivationTerms layer_activation_terms(const ModelSpec& m, const ActivationInput
     }
     t.tensor += a * pairs_own * h;
     if (e.shared_expert_gate) t.tensor += a * T + a * T * h;
+  } else if (in.fused_norm_mlp && !in.compile) {
+    // Liger's SiLU-mul keeps gate and up; its output is down_proj's input, kept where down_proj trains.
+    t.tensor += 2 * a * T * i;
+    if (keeps_role_input(in, linears, LinearRole::mlp_out)) t.tensor += a * T * i;
   } else if (in.compile) {
     // Gated MLP (SwiGLU or GeGLU): gate, act(gate), up; the product feeds down_proj. A fused gate_up_proj
     // keeps the same bytes: its output (2·i, held by the gate and up views) and act(gate). Compiled:

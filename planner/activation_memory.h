@@ -24,6 +24,10 @@
 //   torch.compile (AOTAutograd's min-cut rematerialisation recomputes cheap pointwise ops rather
 //               than saving them): RMSNorm keeps its input as it arrives (r·T·h) and the rstd; SwiGLU
 //               keeps the gate and up outputs only (2·a·T·i), recomputing SiLU and the product
+//   fused RMSNorm and SwiGLU kernels (Liger-Kernel's LigerRMSNormFunction saves X, W and RSTD;
+//               LigerSiLUMulFunction saves a and b and recomputes SiLU in backward): the norm keeps its input
+//               as it arrives (r·T·h) and the rstd, no normalised copy even where its weight trains; the MLP
+//               keeps gate and up (2·a·T·i) and down_proj's input (a·T·i) where down_proj trains
 //   selective checkpointing (Korthikanti et al. 2022, sec. 5: the attention core is recomputed): the
 //               eager attention's scores and softmax are not kept (the fused kernel keeps none);
 //               torchtitan's op-level policy instead keeps the block input (r·T·h), the outputs of
@@ -78,6 +82,7 @@ struct ActivationInputs {
   LoraSpec lora;
   bool gqa_kv_repeated = false;  // the framework repeats k and v to every query head
   bool compile = false;          // torch.compile's rematerialisation
+  bool fused_norm_mlp = false;   // the framework's fused RMSNorm and SwiGLU kernels (Liger-Kernel)
   bool selective = false;        // selective checkpointing
   bool selective_every_second_matmul = false;  // torchtitan's op-level policy instead of the attention core
   bool quantized_saves_input = false;  // QLoRA: each 4-bit matmul keeps its input (bitsandbytes < 0.43.2)
@@ -118,6 +123,7 @@ struct ActivationFramework {
   bool selective_every_second_matmul = false;
   bool quantized_saves_input = false;
   bool sp_keeps_gathered_input = false;
+  bool fused_norm_mlp = false;  // FrameworkProfile::fused_norm_mlp_kernels
 };
 
 // The job's inputs; seq_len is the padded length memory is planned for (TrainingSetup::memory_seq_len).

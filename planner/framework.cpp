@@ -53,6 +53,8 @@ const std::vector<std::pair<std::string, Setter>>& leaves() {
       {"defaults.packing", [](P& p, const Json& v, const std::string& n) { p.packing = boolean(v, n); }},
       {"defaults.double_quant", [](P& p, const Json& v, const std::string& n) { p.double_quant = boolean(v, n); }},
       {"activations.gqa_kv_repeated", [](P& p, const Json& v, const std::string& n) { p.gqa_kv_repeated = boolean(v, n); }},
+      {"activations.fused_norm_mlp_kernels",
+       [](P& p, const Json& v, const std::string& n) { p.fused_norm_mlp_kernels = boolean(v, n); }},
       {"activations.sp_keeps_gathered_input",
        [](P& p, const Json& v, const std::string& n) { p.sp_keeps_gathered_input = boolean(v, n); }},
       {"activations.autocast_weight_copies",

@@ -53,6 +53,10 @@ struct FrameworkProfile {
 
   // Activations.
   bool gqa_kv_repeated = false;     // attention saves k and v repeated to every query head (repeat_kv)
+  // The framework's own fused RMSNorm and gated-MLP kernels (Liger-Kernel): the norm keeps its input as it
+  // arrives and the fp32 rstd (no fp32 upcast, no normalised copy); the gated MLP keeps gate and up, and
+  // down_proj its input where it trains.
+  bool fused_norm_mlp_kernels = false;
   // Sequence parallelism: the column-parallel linears keep their all-gathered input (whole sequence)
   // for backward, as a plain matmul on the gathered tensor does; false: the shard is kept and gathered
   // again in backward (Megatron-LM's LinearWithGradAccumulationAndAsyncCommunication).

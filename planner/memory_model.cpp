@@ -335,7 +335,7 @@ PreparedJob prepare_job(const ModelSpec& model, const HardwareSpec& hw, const Tr
   for (int ac = 0; ac < 2; ++ac) {
     const ActivationFramework af{fw.gqa_kv_repeated, ac == 1 && fw.autocast_weight_copies && fp32_weights,
                                  fw.selective_mode == "every-second-matmul", fw.quantized_matmul_saves_input,
-                                 fw.sp_keeps_gathered_input};
+                                 fw.sp_keeps_gathered_input, fw.fused_norm_mlp_kernels};
     for (Attention a : {Attention::fused, Attention::eager})
       for (int sel = 0; sel < 2; ++sel)
         j.block_bytes_per_sample[static_cast<int>(a)][sel][ac] =
@@ -898,7 +898,10 @@ std::vector<std::string> memory_assumptions(const ModelSpec& model, const Hardwa
     l << " (compiled: " << loss.compiled_peak_bytes_per_token_vocab << " B x tokens x vocab)";
   l << ", " << loss.kept_bytes_per_token_vocab << " B kept from forward to backward";
   lines.push_back(l.str());
-  lines.push_back(std::string("activations: tensors autograd keeps for backward (RMSNorm input in fp32, ") +
+  lines.push_back(std::string("activations: tensors autograd keeps for backward (RMSNorm input ") +
+                  (fw.fused_norm_mlp_kernels && !setup.compile
+                       ? "as it arrives and its rstd, SwiGLU's gate and up: the framework's fused kernels, "
+                       : "in fp32, ") +
                   (activation_bytes(setup.precision) == 2 ? "bf16" : "fp32") + " elsewhere" +
                   (fw.gqa_kv_repeated ? "; k and v repeated to every query head" : "") +
                   (setup.compile ? "; compiled: pointwise intermediates recomputed" : "") +

@@ -527,3 +527,21 @@ TEST_CASE("saving a full state dict: FSDP-1 keeps its root unit gathered while e
     CHECK(e.save.device_bytes == save_device(e, block));
   }
 }
+
+// hf-liger: Liger-Kernel's kernels patched into transformers (monkey_patch.py defaults): the fused linear
+// cross-entropy by default, fused RMSNorm/SwiGLU activations, and no eager element-wise surplus.
+TEST_CASE("hf-liger: Liger's fused kernels, in one profile that extends hf", "[framework]") {
+  const auto& hf = ftplan::framework_profile("hf");
+  const auto& liger = ftplan::framework_profile("hf-liger");
+  CHECK_FALSE(hf.fused_norm_mlp_kernels);
+  CHECK(liger.fused_norm_mlp_kernels);
+  CHECK(liger.loss == ftplan::Loss::fused_linear);
+  CHECK(hf.loss == ftplan::Loss::full);
+  // A fused kernel's bytes: the surplus over one kernel (4, 4 and 6 B) is zero.
+  CHECK(liger.eager_norm_bytes_per_hidden == 4);
+  CHECK(liger.eager_rope_bytes_per_element == 4);
+  CHECK(liger.eager_mlp_act_bytes_per_intermediate == 6);
+  // Everything else is hf's: the allocator, the attention's repeated k and v.
+  CHECK(liger.reserved_over_allocated == hf.reserved_over_allocated);
+  CHECK(liger.gqa_kv_repeated == hf.gqa_kv_repeated);
+}

@@ -187,6 +187,24 @@ TEST_CASE("one Llama-3-8B block's activations, tensor by tensor", "[memory]") {
   REQUIRE(hand == 428'097'536);
   CHECK(ftplan::block_activation_bytes(model, in) == hand);
 
+  SECTION("Liger's fused RMSNorm and SwiGLU kernels keep the norm's input as it arrives and gate and up") {
+    // LigerRMSNormFunction saves X (bf16 here), W and RSTD: no fp32 upcast, no normalised copy;
+    // LigerSiLUMulFunction saves a and b (SiLU recomputed); down_proj keeps its input (it trains).
+    ftplan::ActivationInputs liger = in;
+    liger.fused_norm_mlp = true;
+    const int64_t liger_norm = a * T * h + rmsnorm_rstd;
+    const int64_t liger_hand = 2 * liger_norm + attn_norm_output + mlp_norm_output + sdpa_q + sdpa_k + sdpa_v +
+                               sdpa_out + sdpa_lse + o_proj_input + gate + up + down_input;
+    REQUIRE(hand - liger_hand == 2 * (rmsnorm_fp32_input + rmsnorm_normalised - a * T * h) + silu);  // 125,829,120
+    CHECK(ftplan::block_activation_bytes(model, liger) == liger_hand);
+    // Under torch.compile the compiled rule holds (Liger's kernels are then not what keeps the tensors).
+    ftplan::ActivationInputs both = liger;
+    both.compile = true;
+    ftplan::ActivationInputs compiled = in;
+    compiled.compile = true;
+    CHECK(ftplan::block_activation_bytes(model, both) == ftplan::block_activation_bytes(model, compiled));
+  }
+
   SECTION("eager attention swaps the fused tensors for repeated q,k,v and the S² scores") {
     ftplan::ActivationInputs eager = in;
     eager.attention = Attention::eager;
