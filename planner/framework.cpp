@@ -87,6 +87,8 @@ const std::vector<std::pair<std::string, Setter>>& leaves() {
        [](P& p, const Json& v, const std::string& n) { p.zero_prefetch_bucket_elements = number_in(v, n, 0, 1e12); }},
       {"zero.overlap_comm_double_buffer",
        [](P& p, const Json& v, const std::string& n) { p.zero_overlap_comm_double_buffer = boolean(v, n); }},
+      {"zero.stage3_contiguous_gradients_buffer",
+       [](P& p, const Json& v, const std::string& n) { p.zero3_contiguous_gradients_buffer = boolean(v, n); }},
       {"optimizer.implementation",
        [](P& p, const Json& v, const std::string& n) {
          const std::string impl = text(v, n);

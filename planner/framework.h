@@ -90,6 +90,9 @@ struct FrameworkProfile {
   double zero_reduce_bucket_elements = 5e8;
   double zero_prefetch_bucket_elements = 5e7;  // stage 3
   bool zero_overlap_comm_double_buffer = false;  // stage 1/2: a second reduce bucket
+  // zero.stage3_contiguous_gradients_buffer: ZeRO-3 with contiguous_gradients allocates one reduce-bucket-sized
+  // buffer in the parameters' dtype at initialisation and keeps it for the whole run (the IPG bucket).
+  bool zero3_contiguous_gradients_buffer = false;
 
   // The optimizer step.
   double optimizer_step_transient_bytes_per_param = 0;  // e.g. foreach AdamW's sqrt of exp_avg_sq

@@ -487,6 +487,9 @@ MemoryEstimate estimate_memory(const PreparedJob& job, const Candidate& c, int64
       if (par.zero_stage >= 3) {  // the largest gathered unit + the prefetched layer + one layer's full gradients
         r.w = sharded(r.w, xw);
         r.temp += largest_unit_c + layer_c + layer_g;
+        // contiguous_gradients: the IPG bucket, reduce_bucket_size elements in the parameters' dtype, allocated
+        // when the optimizer is built and never freed (framework.h zero3_contiguous_gradients_buffer).
+        if (fw.zero3_contiguous_gradients_buffer) r.temp += bucket_elements * tb.weight;
       } else {
         r.temp += bucket;
       }
@@ -944,7 +947,8 @@ std::vector<std::string> memory_assumptions(const ModelSpec& model, const Hardwa
                     ": no empty_cache after loading)");
   lines.push_back("DDP: buckets hold a second copy of the gradients; ZeRO-1/2: " +
                   std::string(fw.zero_bucket_is_hidden_squared ? "hidden^2" : format_count(int64_t(fw.zero_reduce_bucket_elements))) +
-                  "-element buckets; ZeRO-3: the largest gathered unit + one prefetched + one layer's unsharded gradients; "
+                  "-element buckets; ZeRO-3: the largest gathered unit + one prefetched + one layer's unsharded gradients" +
+                  std::string(fw.zero3_contiguous_gradients_buffer ? " + the contiguous-gradients bucket" : "") + "; "
                   "FSDP keeps its last unit gathered from forward into backward" +
                   (fw.fsdp_no_sync_unsharded_grads ? ", and unsharded gradients between accumulated micro-batches" : ""));
   std::ostringstream fit;

@@ -545,3 +545,35 @@ TEST_CASE("hf-liger: Liger's fused kernels, in one profile that extends hf", "[f
   CHECK(liger.reserved_over_allocated == hf.reserved_over_allocated);
   CHECK(liger.gqa_kv_repeated == hf.gqa_kv_repeated);
 }
+
+TEST_CASE("deepspeed ZeRO-3 keeps its contiguous-gradients bucket: hidden^2 elements in the parameters' dtype", "[framework][memory]") {
+  // DeepSpeed's stage-3 optimizer allocates the IPG bucket (reduce_bucket_size elements, the trainable
+  // parameters' dtype) at initialisation when contiguous_gradients (its default) and never frees it; HF's
+  // 'auto' reduce_bucket_size is hidden^2. The PEFT docs' Llama-2-70B LoRA (r=8 on every block linear,
+  // bf16 under DeepSpeed) with ZeRO-3 on 8 H100s: one block 855,654,400 base + 8 x ((8192 + 8192) x 2 +
+  // (8192 + 1024) x 2 + (8192 + 28672) x 3) = 1,294,336 adapter parameters, all bf16 when gathered: 1,713,897,472 B; the largest gathered unit (a block, above
+  // the 262,144,000-parameter embedding and head) + one prefetched block + the block's adapter gradients
+  // (1,294,336 x 2 B) = 3,430,383,616 B; the bucket adds 8192^2 x 2 B = 134,217,728 B.
+  const auto model = ftplan::load_model("llama-2-70b");
+  const auto hw = ftplan::load_hardware("h100-sxm");
+  auto lora = [&](const std::string& framework) {
+    auto s = job("llama-2-70b", framework, Method::lora);
+    s.precision = ftplan::Precision::mixed;
+    s.lora.rank = 8;
+    s.lora.targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+    s.num_gpus = 8;
+    s.seq_len = 2048;
+    return s;
+  };
+  const int64_t block = INT64_C(855654400), adapters = 8 * ((8192 + 8192) * 2 + (8192 + 1024) * 2 + (8192 + 28672) * 3);
+  CHECK(adapters == 1294336);
+  const int64_t gathered = 2 * (block + adapters) * 2 + adapters * 2;
+  CHECK(gathered == INT64_C(3430383616));
+  const Candidate c = ftplan::preset_candidate(Strategy::zero3, 8, hw, 1, Checkpointing::full, ftplan::Attention::fused);
+  CHECK(ftplan::framework_profile("deepspeed").zero3_contiguous_gradients_buffer);
+  CHECK(ftplan::estimate_memory(model, hw, lora("deepspeed"), c).per_gpu.temporary == gathered + INT64_C(8192) * 8192 * 2);
+  // HF Trainer's ZeRO-3 is the same DeepSpeed code (the deepspeed profile inherits the key from hf); ftexec
+  // reduce-scatters each unit's own gradient and keeps no bucket.
+  CHECK(ftplan::framework_profile("hf").zero3_contiguous_gradients_buffer);
+  CHECK_FALSE(ftplan::framework_profile("ftexec").zero3_contiguous_gradients_buffer);
+}
