@@ -457,6 +457,17 @@ TEST_CASE("torchtune-2024 keeps the recipe's fp32 logits through backward: 16 B 
   CHECK(e_old.per_gpu.activations == e_new.per_gpu.activations);
 }
 
+// The PEFT docs' Llama-2-70B LoRA jobs: r=8 on every block linear, 8 GPUs, 2,048 tokens.
+ftplan::TrainingSetup llama2_70b_lora_8_gpus(const std::string& framework, ftplan::Precision precision) {
+  auto s = job("llama-2-70b", framework, Method::lora);
+  s.precision = precision;
+  s.lora.rank = 8;
+  s.lora.targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  s.num_gpus = 8;
+  s.seq_len = 2048;
+  return s;
+}
+
 TEST_CASE("fsdp (accelerate): a LoRA base loaded in fp32 is sharded in fp32, and loaded on rank 0 only", "[framework][memory]") {
   // PEFT's FSDP example loads a non-quantised base with torch_dtype float32 (examples/sft/utils.py) and
   // accelerate's FSDP keeps each FlatParameter in the loaded dtype; fsdp_cpu_ram_efficient_loading (accelerate
@@ -469,15 +480,7 @@ TEST_CASE("fsdp (accelerate): a LoRA base loaded in fp32 is sharded in fp32, and
   // rank (hf: 8 x 138,367,483,904 B).
   const auto model = ftplan::load_model("llama-2-70b");
   const auto hw = ftplan::load_hardware("h100-sxm");
-  auto lora = [&](const std::string& framework) {
-    auto s = job("llama-2-70b", framework, Method::lora);
-    s.precision = ftplan::Precision::amp;
-    s.lora.rank = 8;
-    s.lora.targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
-    s.num_gpus = 8;
-    s.seq_len = 2048;
-    return s;
-  };
+  auto lora = [](const std::string& framework) { return llama2_70b_lora_8_gpus(framework, ftplan::Precision::amp); };
   const Candidate c = ftplan::preset_candidate(Strategy::fsdp, 8, hw, 1, Checkpointing::full, ftplan::Attention::fused);
   const int64_t base = INT64_C(68976648192), adapters = INT64_C(103546880);
   CHECK(80 * 8 * ((8192 + 8192) * 2 + (8192 + 1024) * 2 + (8192 + 28672) * 3) == adapters);
@@ -556,15 +559,7 @@ TEST_CASE("deepspeed ZeRO-3 keeps its contiguous-gradients bucket: hidden^2 elem
   // (1,294,336 x 2 B) = 3,430,383,616 B; the bucket adds 8192^2 x 2 B = 134,217,728 B.
   const auto model = ftplan::load_model("llama-2-70b");
   const auto hw = ftplan::load_hardware("h100-sxm");
-  auto lora = [&](const std::string& framework) {
-    auto s = job("llama-2-70b", framework, Method::lora);
-    s.precision = ftplan::Precision::mixed;
-    s.lora.rank = 8;
-    s.lora.targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
-    s.num_gpus = 8;
-    s.seq_len = 2048;
-    return s;
-  };
+  auto lora = [](const std::string& framework) { return llama2_70b_lora_8_gpus(framework, ftplan::Precision::mixed); };
   const int64_t block = INT64_C(855654400), adapters = 8 * ((8192 + 8192) * 2 + (8192 + 1024) * 2 + (8192 + 28672) * 3);
   CHECK(adapters == 1294336);
   const int64_t gathered = 2 * (block + adapters) * 2 + adapters * 2;
