@@ -206,6 +206,12 @@ class Config:
                 and (layer_idx + 1) % self.decoder_sparse_step == 0)
 
 
+def merge_heads(x):
+    """[b, heads, s, d] attention output -> [b, s, heads * d], the input of o_proj."""
+    b, _, s, _ = x.shape
+    return x.transpose(1, 2).contiguous().reshape(b, s, -1)
+
+
 def acc_dtype(dtype):
     """HF upcasts RMSNorm, RoPE angles, softmax and the loss to fp32; the fp64 evaluation (the
     test's yardstick for rounding) keeps fp64 there too."""
@@ -339,8 +345,7 @@ class Attention(nn.Module):
         k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)
         scores = torch.matmul(q, k.transpose(2, 3)) * self.head_dim ** -0.5 + mask
         probs = F.softmax(scores, dim=-1, dtype=acc_dtype(q.dtype)).to(q.dtype)
-        out = torch.matmul(probs, v).transpose(1, 2).contiguous().reshape(b, s, -1)
-        return self.o_proj(out)
+        return self.o_proj(merge_heads(torch.matmul(probs, v)))
 
 
 class MLP(nn.Module):
@@ -831,8 +836,7 @@ class FamilyAttention(nn.Module):
             scores = scores * self.softcap
         scores = scores + mask
         probs = F.softmax(scores, dim=-1, dtype=acc_dtype(q.dtype)).to(q.dtype)
-        out = torch.matmul(probs, v).transpose(1, 2).contiguous().reshape(b, s, -1)
-        return self.o_proj(out)
+        return self.o_proj(merge_heads(torch.matmul(probs, v)))
 
 
 class FamilyMLP(nn.Module):
@@ -1041,8 +1045,7 @@ class GptOssAttention(nn.Module):
         combined = torch.cat([scores, sinks], dim=-1)
         combined = combined - combined.max(dim=-1, keepdim=True).values
         probs = F.softmax(combined, dim=-1, dtype=combined.dtype)[..., :-1]
-        out = torch.matmul(probs, v).transpose(1, 2).contiguous().reshape(b, s, -1)
-        return self.o_proj(out)
+        return self.o_proj(merge_heads(torch.matmul(probs, v)))
 
 
 class GptOssTopKRouter(nn.Module):
@@ -1315,8 +1318,7 @@ class DeepseekAttention(nn.Module):
         k = torch.cat((k_nope, k_pe), dim=-1)
         scores = torch.matmul(q, k.transpose(2, 3)) * (self.qk_head_dim ** -0.5 * cfg.softmax_mult) + mask
         probs = F.softmax(scores, dim=-1, dtype=acc_dtype(q.dtype)).to(q.dtype)
-        out = torch.matmul(probs, v).transpose(1, 2).contiguous().reshape(b, s, -1)
-        return self.o_proj(out)
+        return self.o_proj(merge_heads(torch.matmul(probs, v)))
 
 
 class DeepseekGate(nn.Module):
