@@ -949,6 +949,24 @@ class FamilyForCausalLM(CausalLM):
 #       ceil only when truncate); inv_freq = inv_freq_interpolation * (1 - extrapolation_factor) +
 #       inv_freq_extrapolation * extrapolation_factor, extrapolation_factor = 1 - linear_ramp_factor.
 
+def yarn_inv_freq(dim, base, factor, original, beta_fast, beta_slow, truncate, acc):
+    """YaRN's inverse frequencies (transformers' _compute_yarn_parameters; DeepSeek's yarn_find_correction_range):
+    interpolated by `factor` below the correction range, extrapolated above it, a linear ramp between."""
+    def find_correction_dim(num_rotations):
+        return (dim * math.log(original / (num_rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = find_correction_dim(beta_fast), find_correction_dim(beta_slow)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=acc) - low) / (high - low), 0, 1)
+    pos_freqs = base ** (torch.arange(0, dim, 2).to(acc) / dim)
+    extrapolation_factor = 1 - ramp
+    return (1.0 / (factor * pos_freqs)) * (1 - extrapolation_factor) + (1.0 / pos_freqs) * extrapolation_factor
+
+
 def gpt_oss_rope(cfg, seq_len, dtype):
     """GptOssRotaryEmbedding for positions 0..seq_len-1: (cos, sin) [S, head_dim / 2] in the compute dtype."""
     acc = acc_dtype(dtype)
@@ -964,19 +982,7 @@ def gpt_oss_rope(cfg, seq_len, dtype):
     beta_slow = rs.get("beta_slow") or 1
     original = rs.get("original_max_position_embeddings") or cfg.max_position_embeddings
 
-    def find_correction_dim(num_rotations):
-        return (dim * math.log(original / (num_rotations * 2 * math.pi))) / (2 * math.log(base))
-
-    low, high = find_correction_dim(beta_fast), find_correction_dim(beta_slow)
-    if rs.get("truncate", True):
-        low, high = math.floor(low), math.ceil(high)
-    low, high = max(low, 0), min(high, dim - 1)
-    if low == high:
-        high += 0.001
-    ramp = torch.clamp((torch.arange(dim // 2, dtype=acc) - low) / (high - low), 0, 1)
-    pos_freqs = base ** (torch.arange(0, dim, 2).to(acc) / dim)
-    extrapolation_factor = 1 - ramp
-    inv_freq = (1.0 / (factor * pos_freqs)) * (1 - extrapolation_factor) + (1.0 / pos_freqs) * extrapolation_factor
+    inv_freq = yarn_inv_freq(dim, base, factor, original, beta_fast, beta_slow, rs.get("truncate", True), acc)
     freqs = torch.outer(torch.arange(seq_len, dtype=acc), inv_freq)
     return (freqs.cos() * attention_factor).to(dtype), (freqs.sin() * attention_factor).to(dtype)
 
@@ -1205,18 +1211,7 @@ def deepseek_yarn(cfg, acc):
     beta_fast = rs.get("beta_fast") or 32
     beta_slow = rs.get("beta_slow") or 1
 
-    def find_correction_dim(num_rotations):
-        return (dim * math.log(original / (num_rotations * 2 * math.pi))) / (2 * math.log(base))
-
-    low = max(math.floor(find_correction_dim(beta_fast)), 0)
-    high = min(math.ceil(find_correction_dim(beta_slow)), dim - 1)
-    if low == high:
-        high += 0.001
-    ramp = torch.clamp((torch.arange(dim // 2, dtype=acc) - low) / (high - low), 0, 1)
-    pos_freqs = base ** (torch.arange(0, dim, 2).to(acc) / dim)
-    extrapolation_factor = 1 - ramp
-    inv_freq = (1.0 / (factor * pos_freqs)) * (1 - extrapolation_factor) + (1.0 / pos_freqs) * extrapolation_factor
-    return inv_freq, attention_factor
+    return yarn_inv_freq(dim, base, factor, original, beta_fast, beta_slow, True, acc), attention_factor
 
 
 class DeepseekConfig:
