@@ -1,6 +1,7 @@
 #include "planner/hardware_spec.h"
 
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <functional>
 #include <set>
@@ -184,7 +185,7 @@ HardwareSpec parse(const nlohmann::json& j, const std::string& id, const std::st
                            "inter_node_bandwidth_bytes_per_s", "pcie_host_bandwidth_bytes_per_s",
                            "host_memory_bytes_per_node", "price_usd_per_gpu_hour", "price_date",
                            "matmul_efficiency", "comm_latency_s", "framework_overhead_bytes",
-                           "usable_memory_bytes", "gemm_efficiency", "topology", "sources"},
+                           "usable_memory_bytes", "gemm_efficiency", "pcie_slot", "topology", "sources"},
                        where);
   });
   problems.check([&] {
@@ -256,6 +257,11 @@ HardwareSpec parse(const nlohmann::json& j, const std::string& id, const std::st
         read_number(j, "pcie_host_bandwidth_bytes_per_s", where, 1e6, kMaxBandwidthBytesPerS);
     hw.host_memory_bytes_per_node = read_int(j, "host_memory_bytes_per_node", where, INT64_C(1) << 30, INT64_C(64) << 40);
   });
+  problems.check([&] {
+    if (!has_field(j, "pcie_slot")) return;
+    hw.pcie_slot = parse_pcie_slot(read_string(j, "pcie_slot", where), where + ": pcie_slot");
+    hw.pcie_slot_used = hw.pcie_slot;
+  });
   problems.check([&] { hw.price_usd_per_gpu_hour = read_number(j, "price_usd_per_gpu_hour", where, 0.0, 1000.0); });
   problems.check([&] {
     hw.price_date = read_string(j, "price_date", where);
@@ -295,6 +301,7 @@ HardwareSpec parse(const nlohmann::json& j, const std::string& id, const std::st
     Problems inner;
     for (auto it = s.begin(); it != s.end(); ++it) {
       bool known = it.key() == "topology" || (it.key() == "usable_memory_bytes" && has_field(j, "usable_memory_bytes")) ||
+                   (it.key() == "pcie_slot" && has_field(j, "pcie_slot")) ||
                    (it.key() == "gemm_efficiency" && has_field(j, "gemm_efficiency"));
       for (const char* f : kSourcedFigures) known = known || it.key() == f;
       if (!known) inner.add(w + ": " + it.key() + ": unknown key (not a figure of this file)");
@@ -306,6 +313,7 @@ HardwareSpec parse(const nlohmann::json& j, const std::string& id, const std::st
       if (!s.contains(f)) inner.add(w + ": missing source for " + f);
     if (has_topology && !s.contains("topology")) inner.add(w + ": missing source for topology");
     if (has_field(j, "gemm_efficiency") && !s.contains("gemm_efficiency")) inner.add(w + ": missing source for gemm_efficiency");
+    if (has_field(j, "pcie_slot") && !s.contains("pcie_slot")) inner.add(w + ": missing source for pcie_slot");
     if (!inner.empty()) inner.throw_all();
   });
 
@@ -324,6 +332,39 @@ HardwareSpec parse(const nlohmann::json& j, const std::string& id, const std::st
 }
 
 }  // namespace
+
+// PCI-SIG's per-lane signalling rate and line encoding, per direction: 1.0 2.5 GT/s and 2.0 5 GT/s with
+// 8b/10b; 3.0 8 GT/s, 4.0 16 GT/s and 5.0 32 GT/s with 128b/130b; 6.0 64 GT/s PAM4 in 256-byte FLITs of
+// 242 payload bytes.
+double PcieSlot::bandwidth_bytes_per_s() const {
+  static constexpr double kPerLane[] = {0.0, 2.5e9 * 8 / 10 / 8, 5e9 * 8 / 10 / 8, 8e9 * 128 / 130 / 8,
+                                        16e9 * 128 / 130 / 8, 32e9 * 128 / 130 / 8, 64e9 * 242 / 256 / 8};
+  return generation >= 1 && generation <= 6 ? kPerLane[generation] * lanes : 0.0;
+}
+
+std::string PcieSlot::to_string() const {
+  return stated() ? std::to_string(generation) + ".0 x" + std::to_string(lanes) : std::string("none");
+}
+
+PcieSlot parse_pcie_slot(const std::string& text, const std::string& field) {
+  std::string t = text;
+  std::transform(t.begin(), t.end(), t.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  if (t.rfind("gen", 0) == 0) t = t.substr(3);
+  const auto x = t.find('x');
+  const auto digits = [](const std::string& d) {
+    return !d.empty() && d.size() <= 2 && std::all_of(d.begin(), d.end(), [](unsigned char c) { return std::isdigit(c); });
+  };
+  const bool shaped = x != std::string::npos && digits(t.substr(0, x)) && digits(t.substr(x + 1));
+  PcieSlot slot;
+  if (shaped) {
+    slot.generation = std::stoi(t.substr(0, x));
+    slot.lanes = std::stoi(t.substr(x + 1));
+  }
+  const bool lanes_ok = slot.lanes == 1 || slot.lanes == 2 || slot.lanes == 4 || slot.lanes == 8 || slot.lanes == 16;
+  if (!shaped || slot.generation < 1 || slot.generation > 6 || !lanes_ok)
+    fail_input(field + ": '" + text + "' is not a PCIe slot GENxLANES (generation 1-6, lanes 1, 2, 4, 8 or 16), e.g. 3x8");
+  return slot;
+}
 
 HardwareSpec hardware_spec_from_json(const nlohmann::json& j, const std::string& id) {
   return parse(j, id, "hwdb/" + id + ".json");

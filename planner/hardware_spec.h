@@ -31,6 +31,21 @@ struct Topology {
   std::vector<TopologyLink> links;
 };
 
+// A PCIe interface: generation and lanes, e.g. 4.0 x16. Which slot a card sits in sets its host copies
+// (offload) and, on a PCIe-only card, its GPU-to-GPU traffic: consumer boards split 16 lanes x8/x8
+// between two cards, and older ones are PCIe 3.0.
+struct PcieSlot {
+  int generation = 0;  // 1..6; 0: none stated (the host link is not PCIe: NVLink-C2C, a CPU)
+  int lanes = 0;       // 1, 2, 4, 8 or 16
+  bool stated() const { return generation > 0; }
+  // Raw per direction: the PCI-SIG per-lane rate after line encoding x lanes (PCIe 3.0 x16: 15.75 GB/s).
+  double bandwidth_bytes_per_s() const;
+  std::string to_string() const;  // "3.0 x8"
+};
+
+// "GENxLANES" as in "3x8" or "gen4x16"; anything else is an InputError naming `field`.
+PcieSlot parse_pcie_slot(const std::string& text, const std::string& field);
+
 // The efficiency parameters of the time model beyond hwdb's one matmul_efficiency: what a calibration
 // (planner/calibration.h) fits from measured runs or `ftexec calibrate` measures. Unset: hwdb's
 // matmul_efficiency everywhere, the hwdb bandwidths as written.
@@ -69,6 +84,8 @@ struct HardwareSpec {
   bool pcie_only = false;                  // no NVLink / Infinity Fabric: GPU peers talk over PCIe (or host memory)
   double inter_node_bandwidth_bytes_per_s = 0;  // per GPU, per direction
   double pcie_host_bandwidth_bytes_per_s = 0;   // host<->device copies (offload)
+  PcieSlot pcie_slot;                      // the card's own interface, which the PCIe figures above assume
+  PcieSlot pcie_slot_used;                 // the slot planned (--pcie-slot), where narrower than pcie_slot
   int64_t host_memory_bytes_per_node = 0;  // the node's host memory, e.g. 2 TiB for a DGX H100
   double price_usd_per_gpu_hour = 0;       // indicative on-demand rental, e.g. 2.69
   std::string price_date;                  // "YYYY-MM" the price was read, e.g. "2026-07"

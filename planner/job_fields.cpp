@@ -154,6 +154,13 @@ const std::vector<Row>& rows() {
       number("host_memory_gib", "--host-memory-gib", 0, 1048576, true, false, "GiB",
              "Host memory per node (default: the hwdb entry's)", kJobPlan,
              [](T& s, const F& f, const J& v, const S& n) { s.host_memory_gib = field_number(f, v, n); }),
+      text(FieldType::text, "pcie_slot", "--pcie-slot", "",
+           "PCIe slot the GPUs sit in, GENxLANES (e.g. 3x8 for PCIe 3.0 x8: a consumer board splitting 16 lanes between "
+           "two cards); scales host copies and a PCIe-only card's GPU-to-GPU links (default: the card's own, in hwdb)",
+           kJobPlan, [](T& s, const F& f, const J& v, const S& n) {
+             s.pcie_slot = field_text(f, v, n);
+             parse_pcie_slot(*s.pcie_slot, n);  // refused here, where the field is named
+           }),
       number("price_per_gpu_hour", "--price-per-gpu-hour", 0, 1e6, true, false, "USD per GPU-hour",
              "Rental price per GPU-hour (default: the hwdb entry's dated on-demand price; in ftplan sweep it "
              "applies to every GPU type)", kJobPlan,
@@ -430,6 +437,25 @@ void apply_topology(TrainingSetup& s, HardwareSpec& hw) {
                  " GPUs of " + hw.id + "'s node topology (hwdb/" + hw.id + ".json)");
     hw.gpus_per_node = *s.gpus_per_node;
     hw.nvlink_domain_size = std::min(hw.nvlink_domain_size, hw.gpus_per_node);
+  }
+  if (s.pcie_slot) {
+    const std::string field = "--pcie-slot (pcie_slot)";
+    const PcieSlot slot = parse_pcie_slot(*s.pcie_slot, field);
+    if (!hw.pcie_slot.stated())
+      fail_input(field + ": hwdb/" + hw.id + ".json states no PCIe slot for the " + hw.name +
+                 " (its host link is not PCIe)");
+    const double scale = slot.bandwidth_bytes_per_s() / hw.pcie_slot.bandwidth_bytes_per_s();
+    if (scale > 1.0 + 1e-12)
+      fail_input(field + ": " + slot.to_string() + " is faster than the " + hw.name + "'s own PCIe " +
+                 hw.pcie_slot.to_string() + " interface (hwdb/" + hw.id + ".json pcie_slot)");
+    // Every PCIe figure of the entry was written for the card's own interface; a narrower slot carries
+    // the same fraction of it (host-staged and peer-to-peer traffic alike ride the slot's lanes).
+    const auto is_pcie = [](const std::string& kind) { return kind.rfind("pcie", 0) == 0; };
+    hw.pcie_host_bandwidth_bytes_per_s *= scale;
+    if (is_pcie(hw.intra_node_link)) hw.intra_node_bandwidth_bytes_per_s *= scale;
+    for (TopologyLink& l : hw.topology.links)
+      if (is_pcie(l.kind)) l.bandwidth_bytes_per_s *= scale;
+    hw.pcie_slot_used = slot;
   }
   if (s.nodes) {
     const int64_t gpus = *s.nodes * hw.gpus_per_node;

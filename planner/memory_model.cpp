@@ -195,7 +195,6 @@ Figures figures(int64_t tensor_bytes, const HardwareSpec& hw, const FrameworkPro
 }
 
 void finish(MemoryEstimate& e, const HardwareSpec& hw, const TrainingSetup& setup, bool explain) {
-  auto& m = e.per_gpu;
   e.usable_bytes = static_cast<int64_t>(double(usable_device_bytes(hw)) * (1.0 - setup.headroom_fraction));
   const double host_node = setup.host_memory_gib ? *setup.host_memory_gib * double(1ll << 30)
                                                  : double(hw.host_memory_bytes_per_node);

@@ -96,6 +96,11 @@ std::vector<std::string> step_assumptions(const PlanContext& ctx, const Training
   if (!ctx.net.intra_bottleneck.empty()) net << " (bottleneck " << ctx.net.intra_bottleneck << ")";
   if (ctx.net.nodes > 1) net << ", inter-node " << format_fixed(ctx.net.inter_bandwidth_bytes_per_s / 1e9, 1) << " GB/s per GPU";
   net << ", latency " << hw.comm_latency_s * 1e6 << " us per ring step";
+  if (hw.pcie_slot_used.generation != hw.pcie_slot.generation || hw.pcie_slot_used.lanes != hw.pcie_slot.lanes)
+    net << "; GPUs in PCIe " << hw.pcie_slot_used.to_string() << " slots (--pcie-slot): hwdb's PCIe figures, written for the card's own "
+        << hw.pcie_slot.to_string() << ", scaled x"
+        << format_fixed(hw.pcie_slot_used.bandwidth_bytes_per_s() / hw.pcie_slot.bandwidth_bytes_per_s(), 3)
+        << " (host copies " << format_fixed(hw.pcie_host_bandwidth_bytes_per_s / 1e9, 1) << " GB/s)";
   if (!hw.efficiency.source.empty()) net << " (bandwidths and latency as calibrated by " << hw.efficiency.source << ")";
   lines.push_back(net.str());
   lines.push_back("overlap: DDP and ZeRO-1/2 gradient reduction hides behind backward except the last 25 MiB "

@@ -169,6 +169,7 @@ nlohmann::json training_setup_to_json(const TrainingSetup& s) {
   j["compile"] = s.compile;
   j["packing"] = s.packing;
   if (s.host_memory_gib) j["host_memory_gib"] = *s.host_memory_gib;
+  if (s.pcie_slot) j["pcie_slot"] = *s.pcie_slot;
   if (s.price_per_gpu_hour) j["price_per_gpu_hour"] = *s.price_per_gpu_hour;
   if (s.micro_batch) j["micro_batch"] = *s.micro_batch;
   if (s.checkpointing) j["checkpointing"] = to_string(*s.checkpointing);

@@ -127,6 +127,8 @@ struct TrainingSetup {
   bool compile = false;              // torch.compile
   bool packing = false;              // rows packed to seq_len (else each batch padded to its longest row)
   std::optional<double> host_memory_gib;  // overrides the hwdb's host memory per node
+  std::optional<std::string> pcie_slot;   // the PCIe slot the GPUs sit in, "GENxLANES" (e.g. "3x8"): scales
+                                          // the hwdb's PCIe figures (apply_topology)
   std::optional<double> price_per_gpu_hour;  // USD per GPU-hour, e.g. 2.1; overrides the hwdb's price
 
   // Chosen by the user, or searched by `ftplan plan` when absent.

@@ -15,7 +15,9 @@
 #include "planner/calibration.h"
 #include "planner/errors.h"
 #include "planner/hardware_spec.h"
+#include "planner/job_fields.h"
 #include "planner/json_fields.h"
+#include "planner/training_setup.h"
 
 namespace {
 
@@ -469,4 +471,61 @@ TEST_CASE("hwdb: the A100 80GB efficiency is LLM Foundry's median executed-FLOP 
   const double median = util[util.size() / 2];
   CHECK_THAT(median, Catch::Matchers::WithinAbs(0.559, 0.001));
   CHECK(ftplan::load_hardware("a100-80gb-sxm").matmul_efficiency == std::round(median * 100) / 100);
+}
+
+TEST_CASE("a narrower PCIe slot scales the entry's PCIe figures, and only those", "[hwdb][pcie]") {
+  using ftplan::parse_pcie_slot;
+  // PCI-SIG per lane and direction: 3.0 is 8 GT/s with 128b/130b, 4.0 twice that: 3.0 x8 = 7.877 GB/s,
+  // 4.0 x16 = 31.51 GB/s, a quarter of it exactly.
+  CHECK_THAT(parse_pcie_slot("3x8", "f").bandwidth_bytes_per_s(), Catch::Matchers::WithinRel(8 * 8e9 * 128 / 130 / 8, 1e-12));
+  CHECK_THAT(parse_pcie_slot("gen4x16", "f").bandwidth_bytes_per_s(), Catch::Matchers::WithinRel(31.5077e9, 1e-5));
+  CHECK(parse_pcie_slot("Gen5x16", "f").to_string() == "5.0 x16");
+  for (const char* bad : {"3x7", "7x16", "0x8", "x8", "3x", "3", "3x8x", "pcie3x8", "", "3x 8"})
+    CHECK_THROWS_WITH(parse_pcie_slot(bad, "--pcie-slot"), Catch::Contains("--pcie-slot") && Catch::Contains("GENxLANES"));
+  // Every entry with a PCIe host link states its card's interface; the superchips and the CPU have none.
+  for (const auto& id : ftplan::list_hardware_ids()) {
+    CAPTURE(id);
+    const auto hw = ftplan::load_hardware(id);
+    const bool pcie_host = id != "cpu" && id != "gh200" && id != "gb200-nvl72";
+    CHECK(hw.pcie_slot.stated() == pcie_host);
+    if (pcie_host) CHECK(hw.pcie_slot.lanes == 16);
+  }
+
+  ftplan::TrainingSetup s;
+  s.num_gpus = 2;
+  SECTION("RTX 3090 in PCIe 3.0 x8 slots: host-staged GPU links and host copies at a quarter, UPI untouched") {
+    auto hw = ftplan::load_hardware("rtx-3090");
+    s.pcie_slot = "3x8";
+    ftplan::apply_topology(s, hw);
+    CHECK_THAT(hw.intra_node_bandwidth_bytes_per_s, Catch::Matchers::WithinRel(1.2e10 / 4, 1e-12));
+    CHECK_THAT(hw.pcie_host_bandwidth_bytes_per_s, Catch::Matchers::WithinRel(2.4e10 / 4, 1e-12));
+    int pcie_links = 0;
+    for (const auto& l : hw.topology.links) {
+      CAPTURE(l.a, l.b, l.kind);
+      if (l.kind == "upi") {
+        CHECK(l.bandwidth_bytes_per_s == 1e10);
+      } else {
+        CHECK_THAT(l.bandwidth_bytes_per_s, Catch::Matchers::WithinRel(1.2e10 / 4, 1e-12));
+        ++pcie_links;
+      }
+    }
+    CHECK(pcie_links == 4);
+    CHECK(hw.pcie_slot_used.to_string() == "3.0 x8");
+    CHECK(hw.pcie_slot.to_string() == "4.0 x16");
+  }
+  SECTION("H100 SXM in a 4.0 x16 slot: half the host copies, NVLink untouched") {
+    auto hw = ftplan::load_hardware("h100-sxm");
+    s.pcie_slot = "4x16";
+    ftplan::apply_topology(s, hw);
+    CHECK_THAT(hw.pcie_host_bandwidth_bytes_per_s, Catch::Matchers::WithinRel(5e10 / 2, 1e-12));
+    CHECK(hw.intra_node_bandwidth_bytes_per_s == 3.6e11);
+  }
+  SECTION("refused: a slot faster than the card, a card without a PCIe host link") {
+    auto hw = ftplan::load_hardware("rtx-3090");
+    s.pcie_slot = "5x16";
+    CHECK_THROWS_WITH(ftplan::apply_topology(s, hw), Catch::Contains("--pcie-slot (pcie_slot)") && Catch::Contains("faster"));
+    auto gh = ftplan::load_hardware("gh200");
+    s.pcie_slot = "3x8";
+    CHECK_THROWS_WITH(ftplan::apply_topology(s, gh), Catch::Contains("--pcie-slot (pcie_slot)") && Catch::Contains("states no PCIe slot"));
+  }
 }

@@ -10,6 +10,7 @@
 #include "planner/data_paths.h"
 #include "planner/framework.h"
 #include "planner/hardware_spec.h"
+#include "planner/job_fields.h"
 #include "planner/json_fields.h"
 #include "planner/memory_model.h"
 #include "planner/model_spec.h"
@@ -428,6 +429,15 @@ TEST_CASE("bitsandbytes' paged optimizer states cross the host link every step w
     CHECK_THAT(s.paged_state_migration_s, WithinRel(2 * 8 * kParams / 2.4e10, kExact));  // 4.4923 s
     CHECK_THAT(s.optimizer_s - s.paged_state_migration_s, WithinRel(kParams * 22 / hw.hbm_bandwidth_bytes_per_s, 1e-9));
     CHECK_THAT(s.step_time_s, WithinRel(s.compute_s + s.optimizer_s, kExact));
+  }
+  SECTION("RTX 4090 in a PCIe 3.0 x8 slot: the same bytes over a quarter of the link") {
+    auto hw = ftplan::load_hardware("rtx-4090");
+    auto slotted = setup;
+    slotted.pcie_slot = "3x8";
+    ftplan::apply_topology(slotted, hw);
+    const auto ctx = ftplan::prepare_plan(model, hw, slotted, 1);
+    const auto s = ftplan::estimate_step(ctx, cand(ctx, Strategy::single, 4, Checkpointing::full, Attention::fused));
+    CHECK_THAT(s.paged_state_migration_s, WithinRel(2 * 8 * kParams / (2.4e10 / 4), kExact));  // 17.97 s
   }
   SECTION("H200: 54 GB of states fit beside the step, and stay") {
     const auto hw = ftplan::load_hardware("h200");
