@@ -143,6 +143,8 @@ JOB_KEYS = {
     "optimizer_in_backward": is_bool,
     "quantization": check_quantization,
     "parallel": lambda v: isinstance(v, str) and bool(PARALLEL_RE.match(v)),
+    # the slot the GPUs sit in, GENxLANES (planner/hardware_spec.h parse_pcie_slot)
+    "pcie_slot": lambda v: isinstance(v, str) and bool(re.match(r"^(?:gen)?[1-6]x(?:1|2|4|8|16)$", v)),
 }
 
 
