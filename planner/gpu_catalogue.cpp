@@ -57,7 +57,7 @@ std::vector<HardwareSpec> load_gpu_catalogue() {
 std::string gpu_catalogue_table(const std::vector<HardwareSpec>& gpus) {
   const std::vector<Column> columns = {
       {"id", false},           {"memory GiB", true}, {"usable GiB", true}, {"bf16 TFLOP/s", true}, {"fp8 TFLOP/s", true},
-      {"mem TB/s", true},      {"NVLink domain", true}, {"PCIe-only", false}, {"GPUs/node", true},
+      {"mem TB/s", true},      {"NVLink domain", true}, {"PCIe-only", false}, {"PCIe", false}, {"GPUs/node", true},
       {"host GiB/node", true}, {"USD/GPU-h", true},  {"price read", false}, {"name", false}};
   std::vector<std::vector<std::string>> rows;
   for (const auto& hw : gpus)
@@ -69,6 +69,7 @@ std::string gpu_catalogue_table(const std::vector<HardwareSpec>& gpus) {
                     format_fixed(hw.hbm_bandwidth_bytes_per_s / 1e12, 2),
                     std::to_string(hw.nvlink_domain_size),
                     hw.pcie_only ? "yes" : "no",
+                    hw.pcie_slot.stated() ? hw.pcie_slot.to_string() : "-",
                     std::to_string(hw.gpus_per_node),
                     format_fixed(hw.host_memory_bytes_per_node / kGiB, 0),
                     format_fixed(hw.price_usd_per_gpu_hour, 2),
@@ -77,7 +78,8 @@ std::string gpu_catalogue_table(const std::vector<HardwareSpec>& gpus) {
   return render(columns, rows) +
          "memory: what nvidia-smi / rocm-smi reports; usable: what one process can allocate (torch's total "
          "capacity, where hwdb states it), which fits is judged against; peaks: dense (no sparsity); price: indicative on-demand "
-         "rental, with its source in hwdb/<id>.json (override: --price-per-gpu-hour)\n";
+         "rental, with its source in hwdb/<id>.json (override: --price-per-gpu-hour); PCIe: the card's own interface "
+         "(a narrower slot: --pcie-slot)\n";
 }
 
 nlohmann::json gpu_catalogue_json(const std::vector<HardwareSpec>& gpus) {
@@ -95,6 +97,7 @@ nlohmann::json gpu_catalogue_json(const std::vector<HardwareSpec>& gpus) {
                     {"hbm_bandwidth_bytes_per_s", hw.hbm_bandwidth_bytes_per_s},
                     {"nvlink_domain_size", hw.nvlink_domain_size},
                     {"pcie_only", hw.pcie_only},
+                    {"pcie_slot", hw.pcie_slot.stated() ? nlohmann::json(hw.pcie_slot.key()) : nlohmann::json()},
                     {"gpus_per_node", hw.gpus_per_node},
                     {"host_memory_bytes_per_node", hw.host_memory_bytes_per_node},
                     {"price_usd_per_gpu_hour", hw.price_usd_per_gpu_hour},

@@ -346,6 +346,10 @@ std::string PcieSlot::to_string() const {
   return stated() ? std::to_string(generation) + ".0 x" + std::to_string(lanes) : std::string("none");
 }
 
+std::string PcieSlot::key() const {
+  return stated() ? std::to_string(generation) + "x" + std::to_string(lanes) : std::string();
+}
+
 PcieSlot parse_pcie_slot(const std::string& text, const std::string& field) {
   std::string t = text;
   std::transform(t.begin(), t.end(), t.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });

@@ -41,6 +41,7 @@ struct PcieSlot {
   // Raw per direction: the PCI-SIG per-lane rate after line encoding x lanes (PCIe 3.0 x16: 15.75 GB/s).
   double bandwidth_bytes_per_s() const;
   std::string to_string() const;  // "3.0 x8"
+  std::string key() const;        // "3x8", as --pcie-slot and the JSON take it; "" when none is stated
 };
 
 // "GENxLANES" as in "3x8" or "gen4x16"; anything else is an InputError naming `field`.

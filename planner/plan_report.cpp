@@ -154,6 +154,11 @@ nlohmann::json plan_report_json(const ModelSpec& model, const HardwareSpec& hw, 
               {"price_source", setup.price_per_gpu_hour ? "--price-per-gpu-hour" : "hwdb"},
               {"hwdb_price_usd_per_gpu_hour", hw.price_usd_per_gpu_hour},
               {"hwdb_price_date", hw.price_date}};
+  if (hw.pcie_slot.stated()) {
+    j["gpu"]["pcie_slot"] = hw.pcie_slot_used.key();     // the slot planned
+    j["gpu"]["hwdb_pcie_slot"] = hw.pcie_slot.key();     // the card's own
+    j["gpu"]["pcie_host_bandwidth_bytes_per_s"] = hw.pcie_host_bandwidth_bytes_per_s;
+  }
   j["gpus"] = setup.num_gpus;
   j["method"] = to_string(setup.method);
   j["objective"] = to_string(plan.objective);

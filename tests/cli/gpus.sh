@@ -26,7 +26,7 @@ problems = []
 keys = {"id", "name", "kind", "memory_bytes", "memory_gib", "peak_flops_bf16", "peak_flops_fp8",
         "hbm_bandwidth_bytes_per_s", "nvlink_domain_size", "pcie_only", "gpus_per_node",
         "host_memory_bytes_per_node", "price_usd_per_gpu_hour", "price_date", "price_source",
-        "usable_memory_bytes"}
+        "usable_memory_bytes", "pcie_slot"}
 if [g["id"] for g in d["gpus"]] != ids: problems.append("ids differ from hwdb/: %s" % [g["id"] for g in d["gpus"]])
 for g in d["gpus"]:
     if set(g) != keys: problems.append(g["id"] + ": keys " + str(sorted(set(g) ^ keys)))
@@ -34,8 +34,10 @@ for g in d["gpus"]:
     if not 0 < g["usable_memory_bytes"] <= g["memory_bytes"]: problems.append(g["id"] + ": usable memory outside (0, memory]")
     if g["pcie_only"] and g["nvlink_domain_size"] != 1: problems.append(g["id"] + ": PCIe-only with a domain")
     if g["kind"] == "gpu" and not g["price_source"]: problems.append(g["id"] + ": no price source")
+    if g["pcie_only"] and not re.fullmatch(r"[1-6]x(1|2|4|8|16)", g["pcie_slot"] or ""): problems.append(g["id"] + ": PCIe-only without its slot")
 h100 = next(g for g in d["gpus"] if g["id"] == "h100-sxm")
 if h100["memory_bytes"] != 81559 * 2**20: problems.append("h100-sxm memory is not nvidia-smi's 81559 MiB")
+if h100["pcie_slot"] != "5x16": problems.append("h100-sxm pcie_slot is not its datasheet's PCIe Gen5 x16")
 if h100["usable_memory_bytes"] != 81009 * 2**20: problems.append("h100-sxm usable memory is not torch's 79.11 GiB (81009 MiB)")
 nvl = next(g for g in d["gpus"] if g["id"] == "gb200-nvl72")
 if nvl["nvlink_domain_size"] != 72: problems.append("gb200-nvl72: domain %d" % nvl["nvlink_domain_size"])
@@ -87,6 +89,36 @@ PY
 "$FTPLAN" memory --model tinyllama-1.1b --gpu "$TMP/my-gpu.json" >/dev/null 2>"$TMP/err"; rc=$?
 [ $rc -eq 2 ] && [ "$(wc -l <"$TMP/err")" -eq 1 ] && grep -q "my-gpu.json: pcie_only: expected true or false" "$TMP/err" ||
   fail "wrong-typed hwdb field: exit $rc, $(cat "$TMP/err")"
+
+# --pcie-slot: a narrower slot slows what crosses PCIe (FSDP's gathers on host-staged GeForce cards), the plan
+# JSON names both slots, the assumptions say so; a malformed slot, a faster one, or a card without one: exit 2.
+slot=(--model llama-2-7b --method lora --gpu rtx-3090 --gpus 2 --strategy fsdp --micro-batch 1 --checkpointing full --seq-len 512)
+"$FTPLAN" plan "${slot[@]}" --json >"$TMP/x16.json" || fail "plan without --pcie-slot: exit $?"
+"$FTPLAN" plan "${slot[@]}" --pcie-slot 3x8 --json >"$TMP/x8.json" || fail "plan --pcie-slot 3x8: exit $?"
+out=$(python3 - "$TMP/x16.json" "$TMP/x8.json" <<'PY'
+import json, sys
+a, b = (json.load(open(f)) for f in sys.argv[1:3])
+problems = []
+if (a["gpu"]["pcie_slot"], a["gpu"]["hwdb_pcie_slot"]) != ("4x16", "4x16"): problems.append("default slots %r" % a["gpu"])
+if (b["gpu"]["pcie_slot"], b["gpu"]["hwdb_pcie_slot"]) != ("3x8", "4x16"): problems.append("3x8 slots %r" % b["gpu"])
+if b["gpu"]["pcie_host_bandwidth_bytes_per_s"] * 4 != a["gpu"]["pcie_host_bandwidth_bytes_per_s"]: problems.append("host copies not at a quarter")
+sa, sb = a["strategies"][0], b["strategies"][0]
+if sb["comm_bytes_per_step"] != sa["comm_bytes_per_step"]: problems.append("the bytes moved changed")
+if not sb["step_time_s"] > 2 * sa["step_time_s"]: problems.append("step %r s at 3x8 vs %r s at 4x16: gathers not slower" % (sb["step_time_s"], sa["step_time_s"]))
+if not any("PCIe 3.0 x8 slots (--pcie-slot)" in x for x in b["assumptions"]): problems.append("no assumption names the slot")
+print("; ".join(problems))
+sys.exit(1 if problems else 0)
+PY
+) || fail "plan --pcie-slot: $out"
+for bad in 3x7 7x16 x8 abc 5x16; do
+  "$FTPLAN" plan "${slot[@]}" --pcie-slot "$bad" >/dev/null 2>"$TMP/err"; rc=$?
+  [ $rc -eq 2 ] && [ "$(wc -l <"$TMP/err")" -eq 1 ] && grep -q -- "--pcie-slot" "$TMP/err" ||
+    fail "--pcie-slot $bad: exit $rc, $(cat "$TMP/err")"
+done
+printf '{"model": "tinyllama-1.1b", "gpu": "gh200", "pcie_slot": "4x16"}\n' >"$TMP/job.json"
+"$FTPLAN" memory "$TMP/job.json" >/dev/null 2>"$TMP/err"; rc=$?
+[ $rc -eq 2 ] && [ "$(wc -l <"$TMP/err")" -eq 1 ] && grep -q "pcie_slot" "$TMP/err" && grep -q "states no PCIe slot" "$TMP/err" ||
+  fail "pcie_slot on gh200 in a job file: exit $rc, $(cat "$TMP/err")"
 
 # --version: "ftplan <version>", exit 0, with or without a subcommand's arguments around it.
 "$FTPLAN" --version >"$TMP/v" 2>&1; rc=$?
