@@ -572,3 +572,28 @@ TEST_CASE("deepspeed ZeRO-3 keeps its contiguous-gradients bucket: hidden^2 elem
   CHECK(ftplan::framework_profile("hf").zero3_contiguous_gradients_buffer);
   CHECK_FALSE(ftplan::framework_profile("ftexec").zero3_contiguous_gradients_buffer);
 }
+
+TEST_CASE("hf, FSDP-1 full fine-tune of Llama-3-8B: each padded token costs what Liger's 20-step log measures", "[framework][memory]") {
+  // Liger-Kernel's examples/huggingface/llama_B_48_no_patching.log at 4d4d9c6 (plain transformers 4.43.3 + TRL,
+  // FSDP-1 full_shard over 4 A100s, activation checkpointing, batch 48 per device, Alpaca padded per batch to a
+  // multiple of 16 tokens, run_llama.sh at the same commit): rank 0's per-step max_memory_allocated takes the
+  // values 40,119.50, 41,463.32, 42,807.18, 44,151.09, 45,495.05, 46,839.06 ... 68,349.51 MiB: one lattice whose
+  // step is what 16 more padded tokens in each of the 48 rows add, (68,349.51 - 40,119.50) / 21 = 1,344.29 MiB
+  // and 1,343.82..1,344.01 between neighbours. The planner's per-token terms (the 12 B x 128,256 fp32 loss, the
+  // checkpointed layer inputs, the recomputed layer) must add the same: 1,344 MiB per 16 tokens within 0.1%.
+  const auto model = ftplan::load_model("llama-3-8b");
+  const auto hw = ftplan::load_hardware("a100-80gb-sxm");
+  auto s = job("llama-3-8b", "hf", Method::full);
+  s.precision = ftplan::Precision::amp;
+  s.num_gpus = 4;
+  s.micro_batch = 48;
+  const Candidate c = ftplan::preset_candidate(Strategy::fsdp, 4, hw, 48, Checkpointing::full, ftplan::Attention::fused);
+  auto allocated_mib = [&](int64_t tokens) {
+    s.seq_len = tokens;
+    return double(ftplan::estimate_memory(model, hw, s, c).allocated_peak) / (1 << 20);
+  };
+  for (int64_t tokens : {128, 256, 400, 496}) {
+    CAPTURE(tokens);
+    CHECK_THAT(allocated_mib(tokens + 16) - allocated_mib(tokens), Catch::Matchers::WithinRel(1344.0, 0.001));
+  }
+}
