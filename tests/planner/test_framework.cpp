@@ -549,14 +549,16 @@ TEST_CASE("hf-liger: Liger's fused kernels, in one profile that extends hf", "[f
   CHECK(liger.gqa_kv_repeated == hf.gqa_kv_repeated);
 }
 
-TEST_CASE("deepspeed ZeRO-3 keeps its contiguous-gradients bucket: hidden^2 elements in the parameters' dtype", "[framework][memory]") {
+TEST_CASE("deepspeed ZeRO-3 keeps its contiguous-gradients bucket: reduce_bucket_size elements in the parameters' dtype", "[framework][memory]") {
   // DeepSpeed's stage-3 optimizer allocates the IPG bucket (reduce_bucket_size elements, the trainable
-  // parameters' dtype) at initialisation when contiguous_gradients (its default) and never frees it; HF's
-  // 'auto' reduce_bucket_size is hidden^2. The PEFT docs' Llama-2-70B LoRA (r=8 on every block linear,
+  // parameters' dtype) at initialisation when contiguous_gradients (its default) and never frees it. A
+  // Trainer --deepspeed JSON with 'auto' gets hidden^2 (hf); accelerate's config-file launch (deepspeed) writes
+  // no reduce_bucket_size, so DeepSpeed's default 5e8 applies. The PEFT docs' Llama-2-70B LoRA (r=8 on every block linear,
   // bf16 under DeepSpeed) with ZeRO-3 on 8 H100s: one block 855,654,400 base + 8 x ((8192 + 8192) x 2 +
   // (8192 + 1024) x 2 + (8192 + 28672) x 3) = 1,294,336 adapter parameters, all bf16 when gathered: 1,713,897,472 B; the largest gathered unit (a block, above
   // the 262,144,000-parameter embedding and head) + one prefetched block + the block's adapter gradients
-  // (1,294,336 x 2 B) = 3,430,383,616 B; the bucket adds 8192^2 x 2 B = 134,217,728 B.
+  // (1,294,336 x 2 B) = 3,430,383,616 B; the bucket adds 500,000,000 x 2 B = 1,000,000,000 B (hf: 8192^2 x 2 B
+  // = 134,217,728 B).
   const auto model = ftplan::load_model("llama-2-70b");
   const auto hw = ftplan::load_hardware("h100-sxm");
   auto lora = [](const std::string& framework) { return llama2_70b_lora_8_gpus(framework, ftplan::Precision::mixed); };
@@ -566,9 +568,12 @@ TEST_CASE("deepspeed ZeRO-3 keeps its contiguous-gradients bucket: hidden^2 elem
   CHECK(gathered == INT64_C(3430383616));
   const Candidate c = ftplan::preset_candidate(Strategy::zero3, 8, hw, 1, Checkpointing::full, ftplan::Attention::fused);
   CHECK(ftplan::framework_profile("deepspeed").zero3_contiguous_gradients_buffer);
-  CHECK(ftplan::estimate_memory(model, hw, lora("deepspeed"), c).per_gpu.temporary == gathered + INT64_C(8192) * 8192 * 2);
-  // HF Trainer's ZeRO-3 is the same DeepSpeed code (the deepspeed profile inherits the key from hf); ftexec
-  // reduce-scatters each unit's own gradient and keeps no bucket.
+  CHECK_FALSE(ftplan::framework_profile("deepspeed").zero_bucket_is_hidden_squared);
+  CHECK(ftplan::estimate_memory(model, hw, lora("deepspeed"), c).per_gpu.temporary == gathered + INT64_C(1000000000));
+  // HF Trainer's ZeRO-3 is the same DeepSpeed code (the deepspeed profile inherits the key from hf), with the
+  // JSON's 'auto' bucket; ftexec reduce-scatters each unit's own gradient and keeps no bucket.
   CHECK(ftplan::framework_profile("hf").zero3_contiguous_gradients_buffer);
+  CHECK(ftplan::framework_profile("hf").zero_bucket_is_hidden_squared);
+  CHECK(ftplan::estimate_memory(model, hw, lora("hf"), c).per_gpu.temporary == gathered + INT64_C(8192) * 8192 * 2);
   CHECK_FALSE(ftplan::framework_profile("ftexec").zero3_contiguous_gradients_buffer);
 }
