@@ -361,6 +361,37 @@ TEST_CASE("fsdp (accelerate) takes FSDP's published allocated/reserved pair; fit
   CHECK(e.fit_bytes < e.device_peak);
 }
 
+TEST_CASE("FSDP-1 CPU offload pins a zero gradient beside every FlatParameter's host shard, frozen ones too",
+          "[framework][memory]") {
+  // FlatParamHandle.init_flat_param_attributes under CPUOffload(offload_params=True): _local_shard pinned and
+  // _cpu_grad = zeros_like(_local_shard).pin_memory() for every handle (torch/distributed/fsdp/_flat_param.py at
+  // fe03cf69). The PEFT docs' Llama-2-70B QLoRA with FSDP offload on 2 GPUs (fsdp profile, bf16): the frozen
+  // FlatParameters hold 68,451,041,280 NF4 weights packed 2 per byte (34,225,520,640 B) and 525,606,912
+  // unquantised parameters (embedding, lm_head, norms) upcast to fp32 by the hf family's kbit preparation
+  // (2,102,427,648 B): 36,327,948,288 B, 18,163,974,144 B per rank. The trainable adapters' _cpu_grad is the host
+  // gradient already counted, and bitsandbytes' statistics (not parameters) stay on the GPU. FSDP-2's offload
+  // keeps no such buffer.
+  const auto model = ftplan::load_model("llama-2-70b");
+  const auto hw = ftplan::load_hardware("h100-sxm");
+  auto s = job("llama-2-70b", "fsdp", Method::qlora);
+  s.precision = ftplan::Precision::bf16;
+  s.lora.rank = 8;
+  s.lora.targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  s.quantization.double_quant = true;
+  s.num_gpus = 2;
+  s.seq_len = 2048;
+  CHECK(INT64_C(68451041280) / 2 + (INT64_C(68976648192) - INT64_C(68451041280)) * 4 == INT64_C(36327948288));
+  const Candidate c = ftplan::layout_candidate(
+      ftplan::parse_parallelism("dp_shard=2,shard=fsdp,offload=optimizer+params", "parallel"), 2, Checkpointing::full);
+  s.fsdp_version = 1;
+  const auto v1 = ftplan::estimate_memory(model, hw, s, c);
+  s.fsdp_version = 2;
+  const auto v2 = ftplan::estimate_memory(model, hw, s, c);
+  CHECK(v1.per_gpu.host - v2.per_gpu.host == INT64_C(18163974144));
+  CHECK(v1.step.host_bytes_per_node - v2.step.host_bytes_per_node == 2 * INT64_C(18163974144));
+  CHECK(v1.per_gpu.total == v2.per_gpu.total);  // nothing moves on the GPU
+}
+
 TEST_CASE("torchtune-2024: torchao 0.1 quantises while loading, and the step's reserved figure keeps that cache",
           "[framework][memory]") {
   // torchtune's April 2024 QLoRA tutorial (qlora_finetune.rst at 0914d5cf): Llama-2-7B, q,k,v,o and the MLP
