@@ -392,6 +392,42 @@ TEST_CASE("FSDP-1 CPU offload pins a zero gradient beside every FlatParameter's 
   CHECK(v1.per_gpu.total == v2.per_gpu.total);  // nothing moves on the GPU
 }
 
+TEST_CASE("fsdp-2024 and deepspeed-2024: bitsandbytes 0.43.0's MatMul4Bit keeps each 4-bit linear's input", "[framework][memory]") {
+  // The PEFT docs' March 2024 QLoRA runs (bitsandbytes>=0.43.0; 0.43.2 dropped the input, bitsandbytes#1270):
+  // MatMul4Bit.forward keeps ctx.tensors = (A, B). Llama-2-70B, LoRA r=8 with dropout 0.1 on every block linear
+  // (so no adapter keeps the base's input), 2 x 2048 tokens, full checkpointing: only the recomputed block
+  // gains the inputs of its 4-bit linears, bf16: q/k/v's shared input and gate/up's (2 x 8192), o_proj's (8192)
+  // and down_proj's (28672): 2 B x 4096 tokens x 53,248 = 436,207,616 B.
+  CHECK(2 * 4096 * (8192 + 8192 + 8192 + 28672) == 436207616);
+  const auto model = ftplan::load_model("llama-2-70b");
+  const auto hw = ftplan::load_hardware("h100-sxm");
+  const Candidate c = ftplan::preset_candidate(Strategy::fsdp, 2, hw, 2, Checkpointing::full, ftplan::Attention::fused);
+  const Candidate z = ftplan::preset_candidate(Strategy::zero3, 2, hw, 2, Checkpointing::full, ftplan::Attention::fused);
+  auto qlora = [](const std::string& framework) {
+    auto s = job("llama-2-70b", framework, Method::qlora);
+    s.lora.rank = 8;
+    s.lora.dropout = 0.1;
+    s.lora.targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+    s.quantization.double_quant = true;
+    s.num_gpus = 2;
+    s.seq_len = 2048;
+    return s;
+  };
+  CHECK_FALSE(ftplan::framework_profile("fsdp").quantized_matmul_saves_input);
+  CHECK(ftplan::framework_profile("fsdp-2024").quantized_matmul_saves_input);
+  CHECK(ftplan::framework_profile("deepspeed-2024").quantized_matmul_saves_input);
+  const auto now = ftplan::estimate_memory(model, hw, qlora("fsdp"), c);
+  const auto then = ftplan::estimate_memory(model, hw, qlora("fsdp-2024"), c);
+  CHECK(then.per_gpu.activations - now.per_gpu.activations == INT64_C(436207616));
+  CHECK(then.per_gpu.weights == now.per_gpu.weights);
+  const auto ds_now = ftplan::estimate_memory(model, hw, qlora("deepspeed"), z);
+  const auto ds_then = ftplan::estimate_memory(model, hw, qlora("deepspeed-2024"), z);
+  CHECK(ds_then.per_gpu.activations - ds_now.per_gpu.activations == INT64_C(436207616));
+  // The 2024 profiles are their parents otherwise: the allocator ratios, the ZeRO bucket.
+  CHECK(ftplan::framework_profile("fsdp-2024").reserved_over_allocated == ftplan::framework_profile("fsdp").reserved_over_allocated);
+  CHECK_FALSE(ftplan::framework_profile("deepspeed-2024").zero_bucket_is_hidden_squared);
+}
+
 TEST_CASE("torchtune-2024: torchao 0.1 quantises while loading, and the step's reserved figure keeps that cache",
           "[framework][memory]") {
   // torchtune's April 2024 QLoRA tutorial (qlora_finetune.rst at 0914d5cf): Llama-2-7B, q,k,v,o and the MLP
