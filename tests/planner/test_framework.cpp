@@ -367,8 +367,8 @@ TEST_CASE("FSDP-1 CPU offload pins a zero gradient beside every FlatParameter's 
   // _cpu_grad = zeros_like(_local_shard).pin_memory() for every handle (torch/distributed/fsdp/_flat_param.py at
   // fe03cf69). The PEFT docs' Llama-2-70B QLoRA with FSDP offload on 2 GPUs (fsdp profile, bf16): the frozen
   // FlatParameters hold 68,451,041,280 NF4 weights packed 2 per byte (34,225,520,640 B) and 525,606,912
-  // unquantised parameters (embedding, lm_head, norms) upcast to fp32 by the hf family's kbit preparation
-  // (2,102,427,648 B): 36,327,948,288 B, 18,163,974,144 B per rank. The trainable adapters' _cpu_grad is the host
+  // unquantised parameters (embedding, lm_head, norms) in bf16 (sharded QLoRA has no kbit preparation):
+  // 1,051,213,824 B; 35,276,734,464 B, 17,638,367,232 B per rank. The trainable adapters' _cpu_grad is the host
   // gradient already counted, and bitsandbytes' statistics (not parameters) stay on the GPU. FSDP-2's offload
   // keeps no such buffer.
   const auto model = ftplan::load_model("llama-2-70b");
@@ -380,16 +380,45 @@ TEST_CASE("FSDP-1 CPU offload pins a zero gradient beside every FlatParameter's 
   s.quantization.double_quant = true;
   s.num_gpus = 2;
   s.seq_len = 2048;
-  CHECK(INT64_C(68451041280) / 2 + (INT64_C(68976648192) - INT64_C(68451041280)) * 4 == INT64_C(36327948288));
+  CHECK(INT64_C(68451041280) / 2 + (INT64_C(68976648192) - INT64_C(68451041280)) * 2 == INT64_C(35276734464));
   const Candidate c = ftplan::layout_candidate(
       ftplan::parse_parallelism("dp_shard=2,shard=fsdp,offload=optimizer+params", "parallel"), 2, Checkpointing::full);
   s.fsdp_version = 1;
   const auto v1 = ftplan::estimate_memory(model, hw, s, c);
   s.fsdp_version = 2;
   const auto v2 = ftplan::estimate_memory(model, hw, s, c);
-  CHECK(v1.per_gpu.host - v2.per_gpu.host == INT64_C(18163974144));
-  CHECK(v1.step.host_bytes_per_node - v2.step.host_bytes_per_node == 2 * INT64_C(18163974144));
+  CHECK(v1.per_gpu.host - v2.per_gpu.host == INT64_C(17638367232));
+  CHECK(v1.step.host_bytes_per_node - v2.step.host_bytes_per_node == 2 * INT64_C(17638367232));
   CHECK(v1.per_gpu.total == v2.per_gpu.total);  // nothing moves on the GPU
+}
+
+TEST_CASE("fsdp: sharded QLoRA keeps the embedding, norms and head in the load dtype (no kbit preparation)", "[framework][memory]") {
+  // TRL skips prepare_model_for_kbit_training for sharded QLoRA, and FSDP-1 cannot flatten fp32 norms beside
+  // bf16-stored 4-bit weights. The PEFT docs' Llama-2-70B QLoRA, FSDP over 2 GPUs, bf16, no offload, per GPU:
+  //   the double-quantised statistics, whole: 1,086,259,200 B;
+  //   the NF4 codes, 68,451,041,280 weights x 0.5 B / 2 = 17,112,760,320 B;
+  //   the embedding, head and norms, 525,606,912 parameters x 2 B / 2 = 525,606,912 B (hf's fp32: x 4 B);
+  //   the bf16 adapters, 103,546,880 x 2 B / 2 = 103,546,880 B; 18,828,173,312 B in all.
+  const auto model = ftplan::load_model("llama-2-70b");
+  const auto hw = ftplan::load_hardware("h100-sxm");
+  const Candidate c = ftplan::preset_candidate(Strategy::fsdp, 2, hw, 2, Checkpointing::full, ftplan::Attention::fused);
+  auto qlora = [](const std::string& framework) {
+    auto s = job("llama-2-70b", framework, Method::qlora);
+    s.precision = ftplan::Precision::bf16;
+    s.lora.rank = 8;
+    s.lora.targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+    s.quantization.double_quant = true;
+    s.num_gpus = 2;
+    s.seq_len = 2048;
+    return s;
+  };
+  CHECK(INT64_C(68976648192) - INT64_C(68451041280) == 525606912);
+  const int64_t want = INT64_C(1086259200) + INT64_C(17112760320) + INT64_C(525606912) + INT64_C(103546880);
+  CHECK(want == INT64_C(18828173312));
+  CHECK_FALSE(ftplan::framework_profile("fsdp").fp32_upcast_unquantized);
+  CHECK(ftplan::estimate_memory(model, hw, qlora("fsdp"), c).per_gpu.weights == want);
+  CHECK(ftplan::framework_profile("hf").fp32_upcast_unquantized);
+  CHECK(ftplan::estimate_memory(model, hw, qlora("hf"), c).per_gpu.weights == want + INT64_C(525606912));
 }
 
 TEST_CASE("fsdp-2024 and deepspeed-2024: bitsandbytes 0.43.0's MatMul4Bit keeps each 4-bit linear's input", "[framework][memory]") {
