@@ -506,7 +506,14 @@ MemoryEstimate estimate_memory(const PreparedJob& job, const Candidate& c, int64
       // ZeRO-Offload: the reduced gradient shard goes to the host (fp32), where AdamW updates a copy of
       // the weight shard; offloaded parameters (ZeRO-3 / FSDP CPUOffload) live there too, and the GPU
       // holds only the units it gathers.
-      r.host = ((par.offload_params ? w_all : trainable * tb.weight) + o_all + host_fp32_grads) / N;
+      // The QLoRA statistics (q_state, inside w) are not parameters: they stay on the GPU, below.
+      r.host = ((par.offload_params ? w_all - q_state : trainable * tb.weight) + o_all + host_fp32_grads) / N;
+      // FSDP-1 CPUOffload(offload_params=True) pins each FlatParameter's local shard and pre-allocates a pinned
+      // zero gradient of the same size beside it, for frozen FlatParameters too (FlatParamHandle.
+      // init_flat_param_attributes: flat_param._cpu_grad = torch.zeros_like(flat_param._local_shard)
+      // .pin_memory(), torch/distributed/fsdp/_flat_param.py at fe03cf693c7c774a88c01cd0bc52f80402b8437f); the
+      // trainable part is the host gradient counted above, the frozen part a second copy of its shard.
+      if (fsdp && par.offload_params && setup.fsdp_version == 1) r.host += std::max(0.0, w_all - q_state - trainable * tb.weight) / N;
       if (par.offload_params) r.w = 0;
       // FSDP CPUOffload(offload_params=True): a gradient is copied to the host (_cpu_grad) only when it is
       // reduce-scattered; under no_sync the post-backward hook returns before that, so the unsharded

@@ -361,6 +361,102 @@ TEST_CASE("fsdp (accelerate) takes FSDP's published allocated/reserved pair; fit
   CHECK(e.fit_bytes < e.device_peak);
 }
 
+TEST_CASE("FSDP-1 CPU offload pins a zero gradient beside every FlatParameter's host shard, frozen ones too",
+          "[framework][memory]") {
+  // FlatParamHandle.init_flat_param_attributes under CPUOffload(offload_params=True): _local_shard pinned and
+  // _cpu_grad = zeros_like(_local_shard).pin_memory() for every handle (torch/distributed/fsdp/_flat_param.py at
+  // fe03cf69). The PEFT docs' Llama-2-70B QLoRA with FSDP offload on 2 GPUs (fsdp profile, bf16): the frozen
+  // FlatParameters hold 68,451,041,280 NF4 weights packed 2 per byte (34,225,520,640 B) and 525,606,912
+  // unquantised parameters (embedding, lm_head, norms) in bf16 (sharded QLoRA has no kbit preparation):
+  // 1,051,213,824 B; 35,276,734,464 B, 17,638,367,232 B per rank. The trainable adapters' _cpu_grad is the host
+  // gradient already counted, and bitsandbytes' statistics (not parameters) stay on the GPU. FSDP-2's offload
+  // keeps no such buffer.
+  const auto model = ftplan::load_model("llama-2-70b");
+  const auto hw = ftplan::load_hardware("h100-sxm");
+  auto s = job("llama-2-70b", "fsdp", Method::qlora);
+  s.precision = ftplan::Precision::bf16;
+  s.lora.rank = 8;
+  s.lora.targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  s.quantization.double_quant = true;
+  s.num_gpus = 2;
+  s.seq_len = 2048;
+  CHECK(INT64_C(68451041280) / 2 + (INT64_C(68976648192) - INT64_C(68451041280)) * 2 == INT64_C(35276734464));
+  const Candidate c = ftplan::layout_candidate(
+      ftplan::parse_parallelism("dp_shard=2,shard=fsdp,offload=optimizer+params", "parallel"), 2, Checkpointing::full);
+  s.fsdp_version = 1;
+  const auto v1 = ftplan::estimate_memory(model, hw, s, c);
+  s.fsdp_version = 2;
+  const auto v2 = ftplan::estimate_memory(model, hw, s, c);
+  CHECK(v1.per_gpu.host - v2.per_gpu.host == INT64_C(17638367232));
+  CHECK(v1.step.host_bytes_per_node - v2.step.host_bytes_per_node == 2 * INT64_C(17638367232));
+  CHECK(v1.per_gpu.total == v2.per_gpu.total);  // nothing moves on the GPU
+}
+
+TEST_CASE("fsdp: sharded QLoRA keeps the embedding, norms and head in the load dtype (no kbit preparation)", "[framework][memory]") {
+  // TRL skips prepare_model_for_kbit_training for sharded QLoRA, and FSDP-1 cannot flatten fp32 norms beside
+  // bf16-stored 4-bit weights. The PEFT docs' Llama-2-70B QLoRA, FSDP over 2 GPUs, bf16, no offload, per GPU:
+  //   the double-quantised statistics, whole: 1,086,259,200 B;
+  //   the NF4 codes, 68,451,041,280 weights x 0.5 B / 2 = 17,112,760,320 B;
+  //   the embedding, head and norms, 525,606,912 parameters x 2 B / 2 = 525,606,912 B (hf's fp32: x 4 B);
+  //   the bf16 adapters, 103,546,880 x 2 B / 2 = 103,546,880 B; 18,828,173,312 B in all.
+  const auto model = ftplan::load_model("llama-2-70b");
+  const auto hw = ftplan::load_hardware("h100-sxm");
+  const Candidate c = ftplan::preset_candidate(Strategy::fsdp, 2, hw, 2, Checkpointing::full, ftplan::Attention::fused);
+  auto qlora = [](const std::string& framework) {
+    auto s = job("llama-2-70b", framework, Method::qlora);
+    s.precision = ftplan::Precision::bf16;
+    s.lora.rank = 8;
+    s.lora.targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+    s.quantization.double_quant = true;
+    s.num_gpus = 2;
+    s.seq_len = 2048;
+    return s;
+  };
+  CHECK(INT64_C(68976648192) - INT64_C(68451041280) == 525606912);
+  const int64_t want = INT64_C(1086259200) + INT64_C(17112760320) + INT64_C(525606912) + INT64_C(103546880);
+  CHECK(want == INT64_C(18828173312));
+  CHECK_FALSE(ftplan::framework_profile("fsdp").fp32_upcast_unquantized);
+  CHECK(ftplan::estimate_memory(model, hw, qlora("fsdp"), c).per_gpu.weights == want);
+  CHECK(ftplan::framework_profile("hf").fp32_upcast_unquantized);
+  CHECK(ftplan::estimate_memory(model, hw, qlora("hf"), c).per_gpu.weights == want + INT64_C(525606912));
+}
+
+TEST_CASE("fsdp-2024 and deepspeed-2024: bitsandbytes 0.43.0's MatMul4Bit keeps each 4-bit linear's input", "[framework][memory]") {
+  // The PEFT docs' March 2024 QLoRA runs (bitsandbytes>=0.43.0; 0.43.2 dropped the input, bitsandbytes#1270):
+  // MatMul4Bit.forward keeps ctx.tensors = (A, B). Llama-2-70B, LoRA r=8 with dropout 0.1 on every block linear
+  // (so no adapter keeps the base's input), 2 x 2048 tokens, full checkpointing: only the recomputed block
+  // gains the inputs of its 4-bit linears, bf16: q/k/v's shared input and gate/up's (2 x 8192), o_proj's (8192)
+  // and down_proj's (28672): 2 B x 4096 tokens x 53,248 = 436,207,616 B.
+  CHECK(2 * 4096 * (8192 + 8192 + 8192 + 28672) == 436207616);
+  const auto model = ftplan::load_model("llama-2-70b");
+  const auto hw = ftplan::load_hardware("h100-sxm");
+  const Candidate c = ftplan::preset_candidate(Strategy::fsdp, 2, hw, 2, Checkpointing::full, ftplan::Attention::fused);
+  const Candidate z = ftplan::preset_candidate(Strategy::zero3, 2, hw, 2, Checkpointing::full, ftplan::Attention::fused);
+  auto qlora = [](const std::string& framework) {
+    auto s = job("llama-2-70b", framework, Method::qlora);
+    s.lora.rank = 8;
+    s.lora.dropout = 0.1;
+    s.lora.targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+    s.quantization.double_quant = true;
+    s.num_gpus = 2;
+    s.seq_len = 2048;
+    return s;
+  };
+  CHECK_FALSE(ftplan::framework_profile("fsdp").quantized_matmul_saves_input);
+  CHECK(ftplan::framework_profile("fsdp-2024").quantized_matmul_saves_input);
+  CHECK(ftplan::framework_profile("deepspeed-2024").quantized_matmul_saves_input);
+  const auto now = ftplan::estimate_memory(model, hw, qlora("fsdp"), c);
+  const auto then = ftplan::estimate_memory(model, hw, qlora("fsdp-2024"), c);
+  CHECK(then.per_gpu.activations - now.per_gpu.activations == INT64_C(436207616));
+  CHECK(then.per_gpu.weights == now.per_gpu.weights);
+  const auto ds_now = ftplan::estimate_memory(model, hw, qlora("deepspeed"), z);
+  const auto ds_then = ftplan::estimate_memory(model, hw, qlora("deepspeed-2024"), z);
+  CHECK(ds_then.per_gpu.activations - ds_now.per_gpu.activations == INT64_C(436207616));
+  // The 2024 profiles are their parents otherwise: the allocator ratios, the ZeRO bucket.
+  CHECK(ftplan::framework_profile("fsdp-2024").reserved_over_allocated == ftplan::framework_profile("fsdp").reserved_over_allocated);
+  CHECK_FALSE(ftplan::framework_profile("deepspeed-2024").zero_bucket_is_hidden_squared);
+}
+
 TEST_CASE("torchtune-2024: torchao 0.1 quantises while loading, and the step's reserved figure keeps that cache",
           "[framework][memory]") {
   // torchtune's April 2024 QLoRA tutorial (qlora_finetune.rst at 0914d5cf): Llama-2-7B, q,k,v,o and the MLP
@@ -549,14 +645,16 @@ TEST_CASE("hf-liger: Liger's fused kernels, in one profile that extends hf", "[f
   CHECK(liger.gqa_kv_repeated == hf.gqa_kv_repeated);
 }
 
-TEST_CASE("deepspeed ZeRO-3 keeps its contiguous-gradients bucket: hidden^2 elements in the parameters' dtype", "[framework][memory]") {
+TEST_CASE("deepspeed ZeRO-3 keeps its contiguous-gradients bucket: reduce_bucket_size elements in the parameters' dtype", "[framework][memory]") {
   // DeepSpeed's stage-3 optimizer allocates the IPG bucket (reduce_bucket_size elements, the trainable
-  // parameters' dtype) at initialisation when contiguous_gradients (its default) and never frees it; HF's
-  // 'auto' reduce_bucket_size is hidden^2. The PEFT docs' Llama-2-70B LoRA (r=8 on every block linear,
+  // parameters' dtype) at initialisation when contiguous_gradients (its default) and never frees it. A
+  // Trainer --deepspeed JSON with 'auto' gets hidden^2 (hf); accelerate's config-file launch (deepspeed) writes
+  // no reduce_bucket_size, so DeepSpeed's default 5e8 applies. The PEFT docs' Llama-2-70B LoRA (r=8 on every block linear,
   // bf16 under DeepSpeed) with ZeRO-3 on 8 H100s: one block 855,654,400 base + 8 x ((8192 + 8192) x 2 +
   // (8192 + 1024) x 2 + (8192 + 28672) x 3) = 1,294,336 adapter parameters, all bf16 when gathered: 1,713,897,472 B; the largest gathered unit (a block, above
   // the 262,144,000-parameter embedding and head) + one prefetched block + the block's adapter gradients
-  // (1,294,336 x 2 B) = 3,430,383,616 B; the bucket adds 8192^2 x 2 B = 134,217,728 B.
+  // (1,294,336 x 2 B) = 3,430,383,616 B; the bucket adds 500,000,000 x 2 B = 1,000,000,000 B (hf: 8192^2 x 2 B
+  // = 134,217,728 B).
   const auto model = ftplan::load_model("llama-2-70b");
   const auto hw = ftplan::load_hardware("h100-sxm");
   auto lora = [](const std::string& framework) { return llama2_70b_lora_8_gpus(framework, ftplan::Precision::mixed); };
@@ -566,10 +664,13 @@ TEST_CASE("deepspeed ZeRO-3 keeps its contiguous-gradients bucket: hidden^2 elem
   CHECK(gathered == INT64_C(3430383616));
   const Candidate c = ftplan::preset_candidate(Strategy::zero3, 8, hw, 1, Checkpointing::full, ftplan::Attention::fused);
   CHECK(ftplan::framework_profile("deepspeed").zero3_contiguous_gradients_buffer);
-  CHECK(ftplan::estimate_memory(model, hw, lora("deepspeed"), c).per_gpu.temporary == gathered + INT64_C(8192) * 8192 * 2);
-  // HF Trainer's ZeRO-3 is the same DeepSpeed code (the deepspeed profile inherits the key from hf); ftexec
-  // reduce-scatters each unit's own gradient and keeps no bucket.
+  CHECK_FALSE(ftplan::framework_profile("deepspeed").zero_bucket_is_hidden_squared);
+  CHECK(ftplan::estimate_memory(model, hw, lora("deepspeed"), c).per_gpu.temporary == gathered + INT64_C(1000000000));
+  // HF Trainer's ZeRO-3 is the same DeepSpeed code (the deepspeed profile inherits the key from hf), with the
+  // JSON's 'auto' bucket; ftexec reduce-scatters each unit's own gradient and keeps no bucket.
   CHECK(ftplan::framework_profile("hf").zero3_contiguous_gradients_buffer);
+  CHECK(ftplan::framework_profile("hf").zero_bucket_is_hidden_squared);
+  CHECK(ftplan::estimate_memory(model, hw, lora("hf"), c).per_gpu.temporary == gathered + INT64_C(8192) * 8192 * 2);
   CHECK_FALSE(ftplan::framework_profile("ftexec").zero3_contiguous_gradients_buffer);
 }
 
