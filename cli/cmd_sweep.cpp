@@ -29,6 +29,7 @@ std::vector<HardwareSpec> sweep_gpu_types(const std::string& list, const Trainin
     if (job && job->calibration && job->calibration->device == hw.id) hw = apply_calibration(hw, *job->calibration, job->calibration_path);
     TrainingSetup topology = setup;  // --gpus-per-node applies to every GPU type swept
     topology.nodes.reset();
+    if (!hw.pcie_slot.stated()) topology.pcie_slot.reset();  // --pcie-slot: only cards on a PCIe host link
     apply_topology(topology, hw);
     if (hw.kind == "gpu") gpus.push_back(hw);
   }

@@ -260,7 +260,7 @@ HardwareSpec parse(const nlohmann::json& j, const std::string& id, const std::st
   problems.check([&] {
     if (!has_field(j, "pcie_slot")) return;
     hw.pcie_slot = parse_pcie_slot(read_string(j, "pcie_slot", where), where + ": pcie_slot");
-    hw.pcie_slot_used = hw.pcie_slot;
+    hw.pcie_link = hw.pcie_slot;
   });
   problems.check([&] { hw.price_usd_per_gpu_hour = read_number(j, "price_usd_per_gpu_hour", where, 0.0, 1000.0); });
   problems.check([&] {

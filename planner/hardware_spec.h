@@ -86,7 +86,8 @@ struct HardwareSpec {
   double inter_node_bandwidth_bytes_per_s = 0;  // per GPU, per direction
   double pcie_host_bandwidth_bytes_per_s = 0;   // host<->device copies (offload)
   PcieSlot pcie_slot;                      // the card's own interface, which the PCIe figures above assume
-  PcieSlot pcie_slot_used;                 // the slot planned (--pcie-slot), where narrower than pcie_slot
+  PcieSlot pcie_link;                      // the link planned: pcie_slot, or as it trains in --pcie-slot's slot
+  PcieSlot pcie_slot_given;                // --pcie-slot's slot; none stated without the option
   int64_t host_memory_bytes_per_node = 0;  // the node's host memory, e.g. 2 TiB for a DGX H100
   double price_usd_per_gpu_hour = 0;       // indicative on-demand rental, e.g. 2.69
   std::string price_date;                  // "YYYY-MM" the price was read, e.g. "2026-07"

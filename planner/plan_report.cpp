@@ -96,10 +96,10 @@ std::vector<std::string> step_assumptions(const PlanContext& ctx, const Training
   if (!ctx.net.intra_bottleneck.empty()) net << " (bottleneck " << ctx.net.intra_bottleneck << ")";
   if (ctx.net.nodes > 1) net << ", inter-node " << format_fixed(ctx.net.inter_bandwidth_bytes_per_s / 1e9, 1) << " GB/s per GPU";
   net << ", latency " << hw.comm_latency_s * 1e6 << " us per ring step";
-  if (hw.pcie_slot_used.generation != hw.pcie_slot.generation || hw.pcie_slot_used.lanes != hw.pcie_slot.lanes)
-    net << "; GPUs in PCIe " << hw.pcie_slot_used.to_string() << " slots (--pcie-slot): hwdb's PCIe figures, written for the card's own "
-        << hw.pcie_slot.to_string() << ", scaled x"
-        << format_fixed(hw.pcie_slot_used.bandwidth_bytes_per_s() / hw.pcie_slot.bandwidth_bytes_per_s(), 3)
+  if (hw.pcie_slot_given.stated())
+    net << "; PCIe link " << hw.pcie_link.to_string() << " (the card's " << hw.pcie_slot.to_string() << " in "
+        << hw.pcie_slot_given.to_string() << " slots, --pcie-slot): hwdb's PCIe figures, written for the card's own link, x"
+        << format_fixed(hw.pcie_link.bandwidth_bytes_per_s() / hw.pcie_slot.bandwidth_bytes_per_s(), 3)
         << " (host copies " << format_fixed(hw.pcie_host_bandwidth_bytes_per_s / 1e9, 1) << " GB/s)";
   if (!hw.efficiency.source.empty()) net << " (bandwidths and latency as calibrated by " << hw.efficiency.source << ")";
   lines.push_back(net.str());
@@ -155,7 +155,8 @@ nlohmann::json plan_report_json(const ModelSpec& model, const HardwareSpec& hw, 
               {"hwdb_price_usd_per_gpu_hour", hw.price_usd_per_gpu_hour},
               {"hwdb_price_date", hw.price_date}};
   if (hw.pcie_slot.stated()) {
-    j["gpu"]["pcie_slot"] = hw.pcie_slot_used.key();     // the slot planned
+    j["gpu"]["pcie_slot"] = (hw.pcie_slot_given.stated() ? hw.pcie_slot_given : hw.pcie_slot).key();  // the slot
+    j["gpu"]["pcie_link"] = hw.pcie_link.key();          // the link it trains at, which is planned
     j["gpu"]["hwdb_pcie_slot"] = hw.pcie_slot.key();     // the card's own
     j["gpu"]["pcie_host_bandwidth_bytes_per_s"] = hw.pcie_host_bandwidth_bytes_per_s;
   }

@@ -510,7 +510,7 @@ TEST_CASE("a narrower PCIe slot scales the entry's PCIe figures, and only those"
       }
     }
     CHECK(pcie_links == 4);
-    CHECK(hw.pcie_slot_used.to_string() == "3.0 x8");
+    CHECK(hw.pcie_link.to_string() == "3.0 x8");
     CHECK(hw.pcie_slot.to_string() == "4.0 x16");
   }
   SECTION("H100 SXM in a 4.0 x16 slot: half the host copies, NVLink untouched") {
@@ -520,10 +520,20 @@ TEST_CASE("a narrower PCIe slot scales the entry's PCIe figures, and only those"
     CHECK_THAT(hw.pcie_host_bandwidth_bytes_per_s, Catch::Matchers::WithinRel(5e10 / 2, 1e-12));
     CHECK(hw.intra_node_bandwidth_bytes_per_s == 3.6e11);
   }
-  SECTION("refused: a slot faster than the card, a card without a PCIe host link") {
+  SECTION("the link trains at the lower generation and the fewer lanes: a 4.0 x16 card in 5.0 x8 slots runs 4.0 x8") {
     auto hw = ftplan::load_hardware("rtx-3090");
-    s.pcie_slot = "5x16";
-    CHECK_THROWS_WITH(ftplan::apply_topology(s, hw), Catch::Contains("--pcie-slot (pcie_slot)") && Catch::Contains("faster"));
+    s.pcie_slot = "5x8";
+    ftplan::apply_topology(s, hw);
+    CHECK(hw.pcie_link.to_string() == "4.0 x8");
+    CHECK(hw.pcie_slot_given.to_string() == "5.0 x8");
+    CHECK_THAT(hw.pcie_host_bandwidth_bytes_per_s, Catch::Matchers::WithinRel(2.4e10 / 2, 1e-12));
+    auto fast = ftplan::load_hardware("rtx-3090");
+    s.pcie_slot = "5x16";  // a faster slot: the card's own link, unchanged
+    ftplan::apply_topology(s, fast);
+    CHECK(fast.pcie_link.to_string() == "4.0 x16");
+    CHECK(fast.intra_node_bandwidth_bytes_per_s == 1.2e10);
+  }
+  SECTION("refused: a card without a PCIe host link") {
     auto gh = ftplan::load_hardware("gh200");
     s.pcie_slot = "3x8";
     CHECK_THROWS_WITH(ftplan::apply_topology(s, gh), Catch::Contains("--pcie-slot (pcie_slot)") && Catch::Contains("states no PCIe slot"));
