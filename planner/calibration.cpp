@@ -99,7 +99,11 @@ PreparedRun prepare_run(const CalibrationRun& run, const HardwareSpec& hw) {
 }
 
 double predict(const PreparedRun& p, const HardwareSpec& hw) {
-  const PlanContext ctx = prepare_plan(p.model, hw, p.setup, p.setup.num_gpus, shard_shape(p.candidate.parallel));
+  // The run's own node (--gpus-per-node, --pcie-slot) on the hardware being fitted, as prepare_run built its candidate.
+  HardwareSpec node = hw;
+  TrainingSetup setup = p.setup;
+  apply_topology(setup, node);
+  const PlanContext ctx = prepare_plan(p.model, node, setup, setup.num_gpus, shard_shape(p.candidate.parallel));
   return estimate_step(ctx, p.candidate, {}).step_time_s;
 }
 

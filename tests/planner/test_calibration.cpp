@@ -256,3 +256,23 @@ TEST_CASE("runs on several ranks determine the link bandwidth the single process
   CHECK(std::fabs(fitted_s - truth_s) / truth_s < 0.05);
   CHECK(std::fabs(fitted_s - truth_s) < 0.2 * std::fabs(hwdb_s - truth_s));
 }
+
+TEST_CASE("a run is predicted on its own node: its PCIe slot reaches the prediction", "[calibration][pcie]") {
+  // Llama-2-7B LoRA with FSDP on two RTX 3090s at batch 1 and 512 tokens is gather-bound (13.7 GB a step over
+  // host-staged PCIe): in PCIe 3.0 x8 slots (a quarter of the card's 4.0 x16) its step is the same gathers at a
+  // quarter of the bandwidth, so well over twice as long; the prediction must see the run's job, not only the
+  // hardware being fitted.
+  const ftplan::HardwareSpec hw = ftplan::load_hardware("rtx-3090");
+  auto r = run_of("llama-2-7b", ftplan::Method::lora, 512, 1, 64);
+  r.job["gpu"] = "rtx-3090";
+  r.job["gpus"] = 2;
+  r.job["framework"] = r.framework = "hf";
+  r.job["precision"] = "bf16";
+  r.job["strategy"] = "fsdp";
+  r.job["checkpointing"] = "full";
+  r.job["attention"] = "fused";
+  r.device = "rtx-3090";
+  const double x16 = ftplan::predict_run_step_s(r, hw);
+  r.job["pcie_slot"] = "3x8";
+  CHECK(ftplan::predict_run_step_s(r, hw) > 2.5 * x16);
+}
