@@ -702,9 +702,10 @@ TEST_CASE("hf, FSDP-1 full fine-tune of Llama-3-8B: each padded token costs what
 TEST_CASE("hf, FSDP-1 full fine-tune of Llama-3-8B: the optimizer step's peak is what Liger's logs measure", "[framework][memory]") {
   // With Liger's fused linear cross-entropy the forward-backward stays below the optimizer step, so rank 0's
   // max_memory_allocated is the step's own figure, the same at every batch length: 38,307.8 MiB (+-0.2) in all 19
-  // logged steps of each of llama_B_48_post_init_instance_patching.log, llama_B_48_pre_init_patching.log and
-  // llama_B_48_post_init_class_patching.log (Liger-Kernel examples/huggingface at 4d4d9c6: transformers 4.43.3 + TRL,
-  // FSDP-1 full_shard over 4 A100s, batch 48), and in the short-batch steps 7-9 of the unpatched run
+  // logged steps of each of llama_B_48_pre_init_patching.log and llama_B_48_post_init_class_patching.log (losses
+  // 1.3-1.4; Liger-Kernel examples/huggingface at 4d4d9c6: transformers 4.43.3 + TRL, FSDP-1 full_shard over 4 A100s,
+  // batch 48; the instance-patching runs beside them, whose patch broke the loss, peak the same), and in the
+  // short-batch steps 7-9 of the unpatched run
   // results/llama_use_liger_False_patching_type_None.log at 38411af. By hand: 8,030,261,248 parameters / 4 ranks in
   // fp32, as weights, gradients, AdamW's two states and foreach AdamW's sqrt of the second moment: 5 x 4 B x
   // 2,007,565,312 = 40,151,306,240 B = 38,291.3 MiB, and cuBLAS's workspace.
