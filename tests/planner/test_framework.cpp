@@ -674,6 +674,16 @@ TEST_CASE("deepspeed ZeRO-3 keeps its contiguous-gradients bucket: reduce_bucket
   CHECK_FALSE(ftplan::framework_profile("ftexec").zero3_contiguous_gradients_buffer);
 }
 
+// Liger-Kernel's examples/huggingface runs of Llama-3-8B (run_llama.sh at 4d4d9c6): a full fine-tune through the
+// HF Trainer with FSDP-1 on 4 A100s at batch 48 per device, accelerate's fp32 upcast of the flat parameters (amp).
+ftplan::TrainingSetup liger_llama3_8b_batch48(const std::string& framework) {
+  auto s = job("llama-3-8b", framework, Method::full);
+  s.precision = ftplan::Precision::amp;
+  s.num_gpus = 4;
+  s.micro_batch = 48;
+  return s;
+}
+
 TEST_CASE("hf, FSDP-1 full fine-tune of Llama-3-8B: each padded token costs what Liger's 20-step log measures", "[framework][memory]") {
   // Liger-Kernel's examples/huggingface/llama_B_48_no_patching.log at 4d4d9c6 (plain transformers 4.43.3 + TRL,
   // FSDP-1 full_shard over 4 A100s, activation checkpointing, batch 48 per device, Alpaca padded per batch to a
@@ -684,10 +694,7 @@ TEST_CASE("hf, FSDP-1 full fine-tune of Llama-3-8B: each padded token costs what
   // checkpointed layer inputs, the recomputed layer) must add the same: 1,344 MiB per 16 tokens within 0.1%.
   const auto model = ftplan::load_model("llama-3-8b");
   const auto hw = ftplan::load_hardware("a100-80gb-sxm");
-  auto s = job("llama-3-8b", "hf", Method::full);
-  s.precision = ftplan::Precision::amp;
-  s.num_gpus = 4;
-  s.micro_batch = 48;
+  auto s = liger_llama3_8b_batch48("hf");
   const Candidate c = ftplan::preset_candidate(Strategy::fsdp, 4, hw, 48, Checkpointing::full, ftplan::Attention::fused);
   auto allocated_mib = [&](int64_t tokens) {
     s.seq_len = tokens;
@@ -711,10 +718,7 @@ TEST_CASE("hf, FSDP-1 full fine-tune of Llama-3-8B: the optimizer step's peak is
   // 2,007,565,312 = 40,151,306,240 B = 38,291.3 MiB, and cuBLAS's workspace.
   const auto model = ftplan::load_model("llama-3-8b");
   const auto hw = ftplan::load_hardware("a100-80gb-sxm");
-  auto s = job("llama-3-8b", "hf-liger", Method::full);
-  s.precision = ftplan::Precision::amp;
-  s.num_gpus = 4;
-  s.micro_batch = 48;
+  auto s = liger_llama3_8b_batch48("hf-liger");
   s.seq_len = 64;
   const Candidate c = ftplan::preset_candidate(Strategy::fsdp, 4, hw, 48, Checkpointing::full, ftplan::Attention::fused);
   const auto e = ftplan::estimate_memory(model, hw, s, c);
