@@ -33,6 +33,17 @@ ftplan::TrainingSetup job(const std::string& model, const std::string& framework
   return s;
 }
 
+// The PEFT docs' Llama-2-70B QLoRA jobs: NF4 with double quantisation, r=8 on every block linear, 2 GPUs, 2,048 tokens.
+ftplan::TrainingSetup llama2_70b_qlora_2_gpus(const std::string& framework) {
+  auto s = job("llama-2-70b", framework, Method::qlora);
+  s.lora.rank = 8;
+  s.lora.targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  s.quantization.double_quant = true;
+  s.num_gpus = 2;
+  s.seq_len = 2048;
+  return s;
+}
+
 }  // namespace
 
 TEST_CASE("every shipped profile loads, with a source for every value", "[framework]") {
@@ -373,13 +384,8 @@ TEST_CASE("FSDP-1 CPU offload pins a zero gradient beside every FlatParameter's 
   // keeps no such buffer.
   const auto model = ftplan::load_model("llama-2-70b");
   const auto hw = ftplan::load_hardware("h100-sxm");
-  auto s = job("llama-2-70b", "fsdp", Method::qlora);
+  auto s = llama2_70b_qlora_2_gpus("fsdp");
   s.precision = ftplan::Precision::bf16;
-  s.lora.rank = 8;
-  s.lora.targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
-  s.quantization.double_quant = true;
-  s.num_gpus = 2;
-  s.seq_len = 2048;
   CHECK(INT64_C(68451041280) / 2 + (INT64_C(68976648192) - INT64_C(68451041280)) * 2 == INT64_C(35276734464));
   const Candidate c = ftplan::layout_candidate(
       ftplan::parse_parallelism("dp_shard=2,shard=fsdp,offload=optimizer+params", "parallel"), 2, Checkpointing::full);
@@ -403,13 +409,8 @@ TEST_CASE("fsdp: sharded QLoRA keeps the embedding, norms and head in the load d
   const auto hw = ftplan::load_hardware("h100-sxm");
   const Candidate c = ftplan::preset_candidate(Strategy::fsdp, 2, hw, 2, Checkpointing::full, ftplan::Attention::fused);
   auto qlora = [](const std::string& framework) {
-    auto s = job("llama-2-70b", framework, Method::qlora);
+    auto s = llama2_70b_qlora_2_gpus(framework);
     s.precision = ftplan::Precision::bf16;
-    s.lora.rank = 8;
-    s.lora.targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
-    s.quantization.double_quant = true;
-    s.num_gpus = 2;
-    s.seq_len = 2048;
     return s;
   };
   CHECK(INT64_C(68976648192) - INT64_C(68451041280) == 525606912);
@@ -433,13 +434,8 @@ TEST_CASE("fsdp-2024 and deepspeed-2024: bitsandbytes 0.43.0's MatMul4Bit keeps 
   const Candidate c = ftplan::preset_candidate(Strategy::fsdp, 2, hw, 2, Checkpointing::full, ftplan::Attention::fused);
   const Candidate z = ftplan::preset_candidate(Strategy::zero3, 2, hw, 2, Checkpointing::full, ftplan::Attention::fused);
   auto qlora = [](const std::string& framework) {
-    auto s = job("llama-2-70b", framework, Method::qlora);
-    s.lora.rank = 8;
+    auto s = llama2_70b_qlora_2_gpus(framework);
     s.lora.dropout = 0.1;
-    s.lora.targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
-    s.quantization.double_quant = true;
-    s.num_gpus = 2;
-    s.seq_len = 2048;
     return s;
   };
   CHECK_FALSE(ftplan::framework_profile("fsdp").quantized_matmul_saves_input);
