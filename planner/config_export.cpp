@@ -242,6 +242,13 @@ ExportResult export_deepspeed(Out& o) {
   return {deepspeed_json(o, false).dump(2) + "\n", o.notes};
 }
 
+// torch's StateDictType name for the job's state_dict (--state-dict); without one, the full state dict the
+// plan's save phase assumed.
+std::string state_dict_type(const TrainingSetup& s) {
+  if (!s.state_dict) return "FULL_STATE_DICT";
+  return *s.state_dict == StateDict::full ? "FULL_STATE_DICT" : *s.state_dict == StateDict::sharded ? "SHARDED_STATE_DICT" : "LOCAL_STATE_DICT";
+}
+
 // ---------------------------------------------------------------------------------------------
 // accelerate config YAML (accelerate/commands/config/cluster.py's keys).
 
@@ -297,7 +304,7 @@ ExportResult export_accelerate(Out& o) {
     f["fsdp_activation_checkpointing"] = s.checkpointing == Checkpointing::full;
     f["fsdp_auto_wrap_policy"] = "TRANSFORMER_BASED_WRAP";
     f["fsdp_cpu_ram_efficient_loading"] = true;
-    f["fsdp_state_dict_type"] = "SHARDED_STATE_DICT";
+    f["fsdp_state_dict_type"] = state_dict_type(s);
     j["fsdp_config"] = f;
     if (s.fsdp_version == 2 && composed)
       j["parallelism_config"] = {{"parallelism_config_dp_replicate_size", l.dp_replicate},
@@ -349,7 +356,7 @@ void hf_fsdp(const Out& o, OJson& j, bool axolotl) {
     j["fsdp_config"] = {{"offload_params", l.offload_params},
                         {"reshard_after_forward", l.reshard_after_forward},
                         {"auto_wrap_policy", "TRANSFORMER_BASED_WRAP"},
-                        {"state_dict_type", "FULL_STATE_DICT"}};
+                        {"state_dict_type", state_dict_type(s)}};
     j["dp_shard_size"] = l.dp_shard;
     if (l.dp_replicate > 1) j["dp_replicate_size"] = l.dp_replicate;
     if (l.cp > 1) {
@@ -374,7 +381,7 @@ void hf_fsdp(const Out& o, OJson& j, bool axolotl) {
   OJson cfg;
   if (!axolotl) cfg["fsdp_version"] = s.fsdp_version;
   cfg[axolotl ? "auto_wrap_policy" : "fsdp_auto_wrap_policy"] = "TRANSFORMER_BASED_WRAP";
-  cfg[axolotl ? "state_dict_type" : "fsdp_state_dict_type"] = "FULL_STATE_DICT";
+  cfg[axolotl ? "state_dict_type" : "fsdp_state_dict_type"] = state_dict_type(s);
   j["fsdp_config"] = cfg;
 }
 
@@ -742,14 +749,14 @@ std::vector<std::string> export_carried_keys(const ExportPlan& plan, ExportTarge
     case ExportTarget::accelerate:
       add({"gpus", "nodes", "gpus_per_node", "precision"});
       if (sharding == Sharding::zero) add({"framework", "grad_accum"});
-      if (sharding == Sharding::fsdp) add({"framework", "fsdp_version", "checkpointing"});
+      if (sharding == Sharding::fsdp) add({"framework", "fsdp_version", "checkpointing", "state_dict"});
       break;
     case ExportTarget::axolotl:
     case ExportTarget::llamafactory:
       add({"framework", "model", "method", "lora.rank", "lora.alpha", "lora.dropout", "lora.targets", "seq_len", "packing",
            "micro_batch", "grad_accum", "epochs", "optimizer", "paged_optimizer", "learning_rate", "seed", "precision",
            "checkpointing", "activation_offload", "attention", "compile", "loss"});
-      if (sharding == Sharding::fsdp) add({"fsdp_version"});
+      if (sharding == Sharding::fsdp) add({"fsdp_version", "state_dict"});
       break;
     case ExportTarget::torchtune:
       add({"framework", "model", "method", "lora.rank", "lora.alpha", "lora.dropout", "lora.targets", "seq_len", "packing",

@@ -480,6 +480,14 @@ void read_fsdp_config(FileReader& r, ImportedLayout& l, const Json& config, cons
       l.offload_optimizer = l.offload_params = r.boolean(v, sub);
     } else if (k == "activation_checkpointing") {
       r.set("checkpointing", r.boolean(v, sub) ? "full" : "none", sub, v);
+    } else if (k == "state_dict_type") {
+      // torch.distributed.fsdp.StateDictType by name or number (accelerate's FSDP_STATE_DICT_TYPE).
+      std::string t = v.is_number_integer() ? std::to_string(v.get<int64_t>()) : r.text(v, sub);
+      for (char& c : t) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+      if (t == "FULL_STATE_DICT" || t == "1") r.set("state_dict", "full", sub, v);
+      else if (t == "LOCAL_STATE_DICT" || t == "2") r.set("state_dict", "local", sub, v);
+      else if (t == "SHARDED_STATE_DICT" || t == "3") r.set("state_dict", "sharded", sub, v);
+      else r.unmodelled(sub, v, "not a state dict type (FULL_STATE_DICT, LOCAL_STATE_DICT, SHARDED_STATE_DICT)");
     } else {
       r.ignore(sub);
     }

@@ -117,6 +117,11 @@ struct FrameworkProfile {
   bool step_reserved_keeps_load_cache = false;
   HostCopies save_host_copies = HostCopies::rank0;     // a full state dict gathered on the host to save
   bool save_gathers_units_on_gpu = true;               // sharded strategies gather unit by unit to save
+  // FSDP's sharded state dict (StateDictType.SHARDED_STATE_DICT) with ShardedStateDictConfig(offload_to_cpu):
+  // each parameter's chunk, cloned on the GPU, is moved to the host at once (true: the rank's whole shard
+  // ends up in host memory), or stays on the GPU until the checkpoint is written (false: a second copy of the
+  // rank's shard on the GPU; accelerate before 0.31 passed no config, and torch's default is False).
+  bool sharded_state_dict_offload_to_cpu = true;
 
   // Runtime: what nvidia-smi sees beyond the caching allocator, and what the host process holds.
   int64_t cuda_context_bytes = 0;       // e.g. 446693376 (426 MiB)

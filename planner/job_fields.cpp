@@ -125,6 +125,11 @@ const std::vector<Row>& rows() {
       text(FieldType::choice, "loss", "--loss", "full|chunked|fused-linear",
            "How the loss is computed: full logits, chunked over tokens, fused with the head (default: the framework's)",
            kJobPlan, [](T& s, const F& f, const J& v, const S& n) { s.loss = parse_loss(field_text(f, v, n), n); }),
+      text(FieldType::choice, "state_dict", "--state-dict", "full|sharded|local",
+           "How checkpoints save an FSDP model (accelerate's fsdp_state_dict_type): full (gathered to rank 0), "
+           "sharded (each rank its chunk of every parameter), local (each rank its flat shard) (default: the "
+           "framework's own save)",
+           kJobPlan, [](T& s, const F& f, const J& v, const S& n) { s.state_dict = parse_state_dict(field_text(f, v, n), n); }),
       text(FieldType::boolean, "quantization.double_quant", "--double-quant", "",
            "QLoRA: bitsandbytes double quantisation of the absmaxes (default: the framework's)", kJobPlan,
            [](T& s, const F& f, const J& v, const S& n) { s.quantization.double_quant = field_bool(f, v, n); }),

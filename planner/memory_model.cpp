@@ -687,7 +687,9 @@ MemoryEstimate estimate_memory(const PreparedJob& job, const Candidate& c, int64
   load_tensors += double(job.load_quantize_bytes);
   const Figures load = figures(to_bytes(load_tensors), hw, fw, distributed);
   e.load.device_bytes = load.device;
+  e.load.reserved_bytes = load.reserved;
   e.step.device_bytes = step.device;
+  e.step.reserved_bytes = step.reserved;
   // Without torch.cuda.empty_cache after loading, the segments the allocator reserved while loading stay
   // reserved through the step, and torch.cuda.reset_peak_memory_stats resets the reserved peak to what is
   // reserved then (c10/cuda/CUDACachingAllocator.cpp resetPeakStats: peak = current), so the step's reserved
@@ -697,6 +699,7 @@ MemoryEstimate estimate_memory(const PreparedJob& job, const Candidate& c, int64
     e.reserved_peak = load.reserved;
     e.device_peak = std::max(e.device_peak, load.device);
     e.step.device_bytes = e.device_peak;
+    e.step.reserved_bytes = e.reserved_peak;
     m.total = e.device_peak;
     m.overhead = m.total - sum_terms(m);
   }
@@ -708,11 +711,43 @@ MemoryEstimate estimate_memory(const PreparedJob& job, const Candidate& c, int64
   // _enter_unshard_params_ctx / _exit_unshard_params_ctx, on rank 0 under rank0_only); FSDP-2 and ZeRO-3
   // gather one parameter or module at a time.
   const bool fsdp1_root_gathered = par.sharding == Sharding::fsdp && setup.fsdp_version == 1;
-  const double save_gather = fsdp1_root_gathered ? job.embedding_weight_bytes + job.head_weight_bytes + layer_weight_own : unit_load;
-  const double save_tensors =
-      double(m.weights + m.optimizer) + (sharded && fw.save_gathers_units_on_gpu ? save_gather : 0.0);
-  const Figures save = figures(to_bytes(save_tensors), hw, fw, distributed);
+  double save_gather = fsdp1_root_gathered ? job.embedding_weight_bytes + job.head_weight_bytes + layer_weight_own : unit_load;
+  // A sharded or local state dict (setup.state_dict, FSDP only). FSDP-1's sharded one unshards each unit as
+  // the full one does (_sharded_pre_state_dict_hook -> _common_unshard_pre_state_dict_hook with
+  // offload_to_cpu=False), then clones this rank's chunk of every parameter on the GPU (param_hook ->
+  // _create_chunk_sharded_tensor: chunks[rank].clone()) and moves it to the host only under
+  // ShardedStateDictConfig(offload_to_cpu=True) (torch/distributed/fsdp/_state_dict_utils.py
+  // _sharded_post_state_dict_hook at 22eccc02f3a5a7818f93bc8ff2aaf98eb8d64742). Every chunk lives in the
+  // state dict until the checkpoint is written, the frozen ones too when only adapters are kept (PEFT's
+  // get_peft_model_state_dict calls model.state_dict() and filters it, peft/utils/save_and_load.py L71 at v0.10.0).
+  // FSDP-2's sharded state dict holds DTensors of the local shards (no gather, no clone); a local state dict
+  // holds views of the flat shards.
+  const bool fsdp_layout = par.sharding == Sharding::fsdp && par.shards_params();
+  const std::optional<StateDict> state_dict = fsdp_layout ? setup.state_dict : std::nullopt;
+  double save_clones = 0, save_host_shard = 0;
+  if (state_dict && *state_dict != StateDict::full) {
+    const double L = static_cast<double>(model.num_layers);
+    const double flat = job.embedding_weight_bytes + job.head_weight_bytes +
+                        L * (job.layer_weight_bytes - job.layer_quant_state_bytes) - job.head_quant_state_bytes;
+    const double chunk = flat / double(std::max<int64_t>(1, par.pp)) / double(std::max<int64_t>(1, shard));
+    const bool clones = *state_dict == StateDict::sharded && setup.fsdp_version == 1;
+    if (!clones) save_gather = 0;  // DTensor chunks or flat-shard views: nothing gathered
+    if (clones && !fw.sharded_state_dict_offload_to_cpu) save_clones = chunk;
+    if (*state_dict == StateDict::sharded && fw.sharded_state_dict_offload_to_cpu) save_host_shard = chunk;
+  }
+  const double save_tensors = double(m.weights + m.optimizer) +
+                              (sharded && fw.save_gathers_units_on_gpu ? save_gather : 0.0) + save_clones;
+  // A sharded or local state dict's chunks are smaller than the blocks the step left cached (a block input, a
+  // gathered unit), and the save frees nothing else, so the caching allocator serves them from that cache
+  // (it splits cached blocks before it reserves new segments, c10/cuda/CUDACachingAllocator.cpp get_free_block)
+  // and reserves only what it allocates beyond it: no fragmentation ratio. A full state dict's gathered units
+  // can be larger than any cached block and take new segments on top of the cache (the PEFT docs' Llama-2-70B
+  // LoRA: 72 GB while training, 80 GB at its FULL_STATE_DICT save), so that save keeps the profile's ratio.
+  FrameworkProfile save_fw = fw;
+  if (state_dict && *state_dict != StateDict::full) save_fw.reserved_over_allocated = save_fw.reserved_over_allocated_at_oom = 1.0;
+  const Figures save = figures(to_bytes(save_tensors), hw, save_fw, distributed);
   e.save.device_bytes = save.device;
+  e.save.reserved_bytes = save.reserved;
   e.fit_bytes = std::max({load.device_at_oom, step.device_at_oom, save.device_at_oom});
 
   // Host memory per node: every rank's process, loading copies, offloaded states, saved state dict.
@@ -724,7 +759,10 @@ MemoryEstimate estimate_memory(const PreparedJob& job, const Candidate& c, int64
   };
   e.load.host_bytes_per_node = to_bytes(process + copies(fw.load_host_copies, job.model_load_bytes));
   e.step.host_bytes_per_node = to_bytes(process + offloaded);
-  e.save.host_bytes_per_node = to_bytes(process + offloaded + copies(fw.save_host_copies, job.trainable_save_bytes));
+  e.save.host_bytes_per_node =
+      to_bytes(process + offloaded +
+               (state_dict && *state_dict != StateDict::full ? double(ranks) * save_host_shard
+                                                             : copies(fw.save_host_copies, job.trainable_save_bytes)));
   e.host_per_node = std::max({e.load.host_bytes_per_node, e.step.host_bytes_per_node, e.save.host_bytes_per_node});
   e.peak_phase = e.load.device_bytes > e.step.device_bytes && e.load.device_bytes >= e.save.device_bytes ? "load"
                  : e.save.device_bytes > e.step.device_bytes                                         ? "save"
@@ -945,6 +983,20 @@ std::vector<std::string> memory_assumptions(const ModelSpec& model, const Hardwa
                   "process (" + format_gib(fw.host_process_bytes_per_rank) + "), loading copies (" +
                   (fw.load_host_copies == HostCopies::per_rank ? "one per rank" : fw.load_host_copies == HostCopies::rank0 ? "rank 0 only" : "none") +
                   "), offloaded states, the saved state dict");
+  if (setup.state_dict) {
+    const StateDict sd = *setup.state_dict;
+    lines.push_back(
+        "checkpoints save a " + to_string(sd) + " state dict (--state-dict, FSDP layouts only): " +
+        (sd == StateDict::full ? std::string("gathered unit by unit to rank 0's host")
+         : sd == StateDict::local
+             ? std::string("each rank's flat shards as they are (views: nothing gathered, nothing copied)")
+             : std::string("FSDP-1 gathers each unit and clones this rank's chunk of every parameter, ") +
+                   (fw.sharded_state_dict_offload_to_cpu
+                        ? "moving each to the host at once (the rank's whole shard in host memory; "
+                        : "keeping every chunk on the GPU until the checkpoint is written (a second copy of the shard; ") +
+                   fw.name + " profile saving.sharded_state_dict_offload_to_cpu); FSDP-2 keeps DTensors of its shards") +
+        (sd == StateDict::full ? "" : "; the save's reserved = allocated (the chunks reuse the step's cached blocks)"));
+  }
   if (setup.method == Method::qlora && fw.quantize_transient_bytes_per_element >= 0)
     lines.push_back("loading quantises each weight with " + format_fixed(fw.quantize_transient_bytes_per_element, 1) +
                     " B per element of the largest quantised weight alive (" + fw.name + " profile)");

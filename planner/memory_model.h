@@ -52,6 +52,7 @@ struct MemoryBreakdown {          // bytes on one GPU (the most loaded rank), at
 
 // One phase of the job: loading the model, the training step, saving.
 struct PhaseMemory {
+  int64_t reserved_bytes = 0;       // per GPU, as torch.cuda.max_memory_reserved reports it
   int64_t device_bytes = 0;         // per GPU, as nvidia-smi shows it
   int64_t host_bytes_per_node = 0;  // the node's host memory
 };

@@ -39,7 +39,7 @@ MemoryReport build_memory_report(const ModelSpec& model, const HardwareSpec& hw,
 nlohmann::json memory_breakdown_json(const MemoryEstimate& e) {
   const MemoryBreakdown& m = e.per_gpu;
   auto phase = [](const PhaseMemory& p) {
-    return nlohmann::json{{"device", p.device_bytes}, {"host_per_node", p.host_bytes_per_node}};
+    return nlohmann::json{{"device", p.device_bytes}, {"reserved", p.reserved_bytes}, {"host_per_node", p.host_bytes_per_node}};
   };
   return {{"weights", m.weights},         {"gradients", m.gradients}, {"optimizer", m.optimizer},
           {"activations", m.activations}, {"logits_loss", m.logits_loss}, {"temporary", m.temporary},
@@ -145,7 +145,8 @@ std::string memory_report_table(const MemoryReport& r) {
     for (const auto& row : r.rows) cell(gib(row.estimate.per_gpu.*field));
     out << "\n";
   }
-  // The step's peak as each metric reports it, when the peak happens, and the node's host memory.
+  // The step's peak as each metric reports it, the load's and save's, when the peak happens, and the node's
+  // host memory.
   using EField = int64_t MemoryEstimate::*;
   const std::pair<const char*, EField> figures[] = {{"  allocated (torch)", &MemoryEstimate::allocated_peak},
                                                     {"  reserved (torch)", &MemoryEstimate::reserved_peak},
@@ -155,6 +156,14 @@ std::string memory_report_table(const MemoryReport& r) {
     out << std::left << std::setw(label_w) << label << std::right;
     for (const auto& row : r.rows) cell(gib(row.estimate.*field));
     out << "\n";
+    if (field != &MemoryEstimate::device_peak) continue;
+    // The other phases' nvidia-smi figures: loading, and saving a checkpoint.
+    for (const auto& [phase_label, phase] : {std::pair{"  device at load", &MemoryEstimate::load},
+                                             std::pair{"  device at save", &MemoryEstimate::save}}) {
+      out << std::left << std::setw(label_w) << phase_label << std::right;
+      for (const auto& row : r.rows) cell(gib((row.estimate.*phase).device_bytes));
+      out << "\n";
+    }
   }
   out << std::left << std::setw(label_w) << "peak" << std::right;
   for (const auto& row : r.rows)

@@ -42,6 +42,8 @@ const std::array<std::pair<const char*, Checkpointing>, 3> kCheckpointing{{
     {"none", Checkpointing::none}, {"full", Checkpointing::full}, {"selective", Checkpointing::selective}}};
 const std::array<std::pair<const char*, Loss>, 3> kLosses{{
     {"full", Loss::full}, {"chunked", Loss::chunked}, {"fused-linear", Loss::fused_linear}}};
+const std::array<std::pair<const char*, StateDict>, 3> kStateDicts{{
+    {"full", StateDict::full}, {"sharded", StateDict::sharded}, {"local", StateDict::local}}};
 const std::array<std::pair<const char*, Attention>, 2> kAttention{{
     {"fused", Attention::fused}, {"eager", Attention::eager}}};
 const std::array<std::pair<const char*, Strategy>, 13> kStrategies{{
@@ -76,6 +78,7 @@ std::string to_string(Optimizer v) { return enum_name(v, kOptimizers); }
 std::string to_string(Checkpointing v) { return enum_name(v, kCheckpointing); }
 std::string to_string(Attention v) { return enum_name(v, kAttention); }
 std::string to_string(Loss v) { return enum_name(v, kLosses); }
+std::string to_string(StateDict v) { return enum_name(v, kStateDicts); }
 std::string to_string(Strategy v) { return enum_name(v, kStrategies); }
 Method parse_method(const std::string& s, const std::string& f) { return parse_enum(s, f, kMethods); }
 Precision parse_precision(const std::string& s, const std::string& f) { return parse_enum(s, f, kPrecisions); }
@@ -85,6 +88,7 @@ Checkpointing parse_checkpointing(const std::string& s, const std::string& f) {
 }
 Attention parse_attention(const std::string& s, const std::string& f) { return parse_enum(s, f, kAttention); }
 Loss parse_loss(const std::string& s, const std::string& f) { return parse_enum(s, f, kLosses); }
+StateDict parse_state_dict(const std::string& s, const std::string& f) { return parse_enum(s, f, kStateDicts); }
 Strategy parse_strategy(const std::string& s, const std::string& f) { return parse_enum(s, f, kStrategies); }
 
 std::vector<std::string> parse_lora_targets(const std::string& list, const std::string& field) {
@@ -171,6 +175,7 @@ nlohmann::json training_setup_to_json(const TrainingSetup& s) {
   if (s.host_memory_gib) j["host_memory_gib"] = *s.host_memory_gib;
   if (s.pcie_slot) j["pcie_slot"] = *s.pcie_slot;
   if (s.price_per_gpu_hour) j["price_per_gpu_hour"] = *s.price_per_gpu_hour;
+  if (s.state_dict) j["state_dict"] = to_string(*s.state_dict);
   if (s.micro_batch) j["micro_batch"] = *s.micro_batch;
   if (s.checkpointing) j["checkpointing"] = to_string(*s.checkpointing);
   if (s.attention) j["attention"] = to_string(*s.attention);

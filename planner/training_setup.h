@@ -31,6 +31,10 @@ enum class Checkpointing { none, full, selective };
 // tensor exists (Liger's fused linear cross-entropy).
 enum class Loss { full, chunked, fused_linear };
 enum class Attention { fused, eager };
+// How a checkpoint saves an FSDP model (torch.distributed.fsdp.StateDictType, accelerate's
+// fsdp_state_dict_type): a full state dict gathered unit by unit to rank 0; a sharded one, each rank its
+// chunk of every parameter (ShardedTensor/DTensor); a local one, each rank its flat shard as it is.
+enum class StateDict { full, sharded, local };
 enum class Strategy {
   single,              // one GPU
   mp,                  // naive model parallel: consecutive layers on N GPUs, one busy at a time
@@ -54,6 +58,7 @@ std::string to_string(Optimizer v);
 std::string to_string(Checkpointing v);
 std::string to_string(Attention v);
 std::string to_string(Loss v);  // "full", "chunked", "fused-linear"
+std::string to_string(StateDict v);  // "full", "sharded", "local"
 std::string to_string(Strategy v);  // "single", "mp", "pipeline", "pipeline_1f1b", "ddp", "zero1", ...
 // Parsers throw InputError naming `field` and listing the accepted values.
 Method parse_method(const std::string& s, const std::string& field);
@@ -62,6 +67,7 @@ Optimizer parse_optimizer(const std::string& s, const std::string& field);
 Checkpointing parse_checkpointing(const std::string& s, const std::string& field);
 Attention parse_attention(const std::string& s, const std::string& field);
 Loss parse_loss(const std::string& s, const std::string& field);
+StateDict parse_state_dict(const std::string& s, const std::string& field);
 Strategy parse_strategy(const std::string& s, const std::string& field);
 
 struct LoraSpec {
@@ -130,6 +136,8 @@ struct TrainingSetup {
   std::optional<std::string> pcie_slot;   // the PCIe slot the GPUs sit in, "GENxLANES" (e.g. "3x8"): scales
                                           // the hwdb's PCIe figures (apply_topology)
   std::optional<double> price_per_gpu_hour;  // USD per GPU-hour, e.g. 2.1; overrides the hwdb's price
+  std::optional<StateDict> state_dict;       // how checkpoints save an FSDP model; default: the framework's
+                                             // save (its profile's saving section)
 
   // Chosen by the user, or searched by `ftplan plan` when absent.
   std::optional<int64_t> micro_batch;         // samples per GPU per micro-batch, e.g. 4

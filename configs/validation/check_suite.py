@@ -145,6 +145,8 @@ JOB_KEYS = {
     "parallel": lambda v: isinstance(v, str) and bool(PARALLEL_RE.match(v)),
     # the slot the GPUs sit in, GENxLANES (planner/hardware_spec.h parse_pcie_slot)
     "pcie_slot": lambda v: isinstance(v, str) and bool(re.match(r"^(?:gen)?[1-6]x(?:1|2|4|8|16)$", v)),
+    # how checkpoints save an FSDP model (planner/training_setup.h StateDict)
+    "state_dict": one_of("full", "sharded", "local"),
 }
 
 

@@ -120,6 +120,40 @@ if not m.get("moe") or m["moe"].get("num_experts", 0) < 2: bad.append("no moe ob
 print("; ".join(bad)); sys.exit(1 if bad else 0)' "$TMP/$name.json" "$total" "$active") || fail "memory --model $name --json: $out"
 done
 
+# 3b. --state-dict: the PEFT docs' Llama-2-70B QLoRA with FSDP-1 offload on 2 H100s, saving a sharded state dict
+# under accelerate 0.28 (fsdp-2024): the root unit (1,048,592,384 B) and one block (444,018,688 B) gathered, and
+# each rank's chunk of every FlatParameter, 17,741,914,112 B, a second copy on the GPU (planner test "saving a
+# sharded state dict"): 19,234,525,184 B more than a local state dict's save, and the run's peak. Every phase
+# reports reserved <= device.
+for sd in full local sharded; do
+  "$FTPLAN" memory --model llama-2-70b --framework fsdp-2024 --fsdp-version 1 --method qlora --lora-rank 8 \
+    --lora-targets q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj --double-quant --precision bf16 \
+    --gpu h100-sxm --gpus 2 --seq-len 2048 --micro-batch 2 --checkpointing full \
+    --parallel "dp_shard=2,shard=fsdp,offload=optimizer+params" --state-dict "$sd" --json \
+    >"$TMP/sd_$sd.json" 2>"$TMP/sd_$sd.err" || fail "memory --state-dict $sd exited $?: $(cat "$TMP/sd_$sd.err")"
+done
+out=$(python3 - "$TMP/sd_full.json" "$TMP/sd_local.json" "$TMP/sd_sharded.json" <<'PY'
+import json, sys
+full, local, sharded = (json.load(open(p))["strategies"][0]["memory_per_gpu_bytes"] for p in sys.argv[1:4])
+bad = []
+for name, m in (("full", full), ("local", local), ("sharded", sharded)):
+    for ph, v in m["phases"].items():
+        if not (0 < v["reserved"] <= v["device"]):
+            bad.append(f"{name} {ph}: reserved {v['reserved']} not in (0, device {v['device']}]")
+diff = sharded["phases"]["save"]["reserved"] - local["phases"]["save"]["reserved"]
+if abs(diff - 19234525184) > 2:
+    bad.append(f"the sharded save holds {diff} B more than the local one, expected 19234525184")
+if (full["peak_phase"], sharded["peak_phase"]) != ("step", "save"):
+    bad.append(f"peak phases {full['peak_phase']}, {sharded['peak_phase']}: expected step, save")
+if sharded["total"] != sharded["phases"]["save"]["device"]:
+    bad.append("total is not the save's device figure")
+print("; ".join(bad)); sys.exit(1 if bad else 0)
+PY
+) || fail "--state-dict: $out"
+"$FTPLAN" memory --model llama-3-8b --state-dict bogus >"$TMP/sd_bad.out" 2>&1
+[ $? -eq 2 ] || fail "--state-dict bogus did not exit 2"
+grep -q -- "--state-dict" "$TMP/sd_bad.out" || fail "--state-dict bogus: the error does not name the flag"
+
 # 4. The default output is a table with the assumptions under it.
 "$FTPLAN" memory --model llama-3-8b --method lora --gpu a100-40gb-sxm --gpus 4 --seq-len 1024 \
   --micro-batch 4 >"$TMP/table.txt" 2>&1 || fail "memory (table) exited $?"

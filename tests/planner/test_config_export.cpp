@@ -112,6 +112,8 @@ RoundTrip round_trip(const Json& plan, ExportTarget target, const std::vector<st
 void require_same_job(const RoundTrip& r) {
   Json a = ftplan::training_setup_to_json(r.planned), b = ftplan::training_setup_to_json(r.read_back);
   for (const char* k : {"strategy", "parallel", "nodes", "gpus_per_node"}) a.erase(k), b.erase(k);
+  // An FSDP config names the state dict type; a plan without --state-dict assumed the full one it writes.
+  if (!a.contains("state_dict") && b.value("state_dict", "") == "full") b.erase("state_dict");
   INFO(r.text);
   CHECK(a.dump(1) == b.dump(1));
   CHECK(ftplan::to_string(r.planned_layout) == ftplan::to_string(r.read_layout));
@@ -187,6 +189,20 @@ TEST_CASE("Round trip: precisions, offload, optimizers and knobs", "[export][rou
     for (ExportTarget t : {ExportTarget::accelerate, ExportTarget::axolotl, ExportTarget::llamafactory}) {
       CAPTURE(ftplan::to_string(t));
       require_same_job(round_trip(plan, t));
+    }
+  }
+  SECTION("FSDP-1 saving sharded checkpoints (--state-dict sharded): the state dict type travels") {
+    const Json job = {{"model", "llama-3.1-8b"}, {"framework", "fsdp"}, {"gpu", "h100-sxm"}, {"gpus", 4}, {"method", "lora"},
+                      {"seq_len", 1024}, {"micro_batch", 2}, {"checkpointing", "full"}, {"fsdp_version", 1},
+                      {"state_dict", "sharded"}, {"strategy", "fsdp"}};
+    const Json plan = plan_file(job);
+    for (ExportTarget t : {ExportTarget::accelerate, ExportTarget::axolotl, ExportTarget::llamafactory}) {
+      CAPTURE(ftplan::to_string(t));
+      const RoundTrip r = round_trip(plan, t);
+      CHECK_THAT(r.text, Contains("SHARDED_STATE_DICT"));
+      REQUIRE(r.read_back.state_dict);
+      CHECK(*r.read_back.state_dict == ftplan::StateDict::sharded);
+      require_same_job(r);
     }
   }
   SECTION("DDP under the Hugging Face Trainer, no checkpointing, fp32") {

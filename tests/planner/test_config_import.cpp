@@ -258,6 +258,11 @@ TEST_CASE("accelerate configs: distributed type, processes, machines, FSDP optio
     CHECK(layout(r.setup) == "fsdp");
     CHECK(r.setup.checkpointing == ftplan::Checkpointing::none);  // fsdp_activation_checkpointing: false
     CHECK(has_ignored(r.imp, "fsdp.yaml: fsdp_config.fsdp_backward_prefetch"));
+    CHECK(r.setup.state_dict == ftplan::StateDict::sharded);  // fsdp_state_dict_type: SHARDED_STATE_DICT
+  }
+  SECTION("axolotl's 70B QLoRA FSDP: fsdp_state_dict_type FULL_STATE_DICT") {
+    const Imported r = import({data("axolotl/examples/llama-3/qlora-fsdp-70b.yaml")}, "h100-sxm");
+    CHECK(r.setup.state_dict == ftplan::StateDict::full);
   }
   SECTION("multi-node DDP: 8 processes on 2 machines") {
     const Imported r = import({data("accelerate/examples/config_yaml_templates/multi_node.yaml")}, "h100-sxm", {{"model", "llama-3.2-1b"}});

@@ -623,6 +623,63 @@ TEST_CASE("saving a full state dict: FSDP-1 keeps its root unit gathered while e
   }
 }
 
+TEST_CASE("saving a sharded state dict: accelerate before 0.31 leaves every cloned chunk on the GPU", "[framework][memory]") {
+  // FSDP-1's SHARDED_STATE_DICT gathers each unit as the full one does (the root throughout), then clones this
+  // rank's chunk of every parameter (_create_chunk_sharded_tensor: chunks[rank].clone()); accelerate 0.28-0.30
+  // passes no ShardedStateDictConfig, so offload_to_cpu=False and the chunks stay on the GPU until written
+  // (fsdp-2024); 0.31+ moves each to the host at once (fsdp). A local state dict holds views of the flat shards.
+  // The chunks reuse the step's cached blocks: the save's reserved figure is its allocated one.
+  // The PEFT docs' Llama-2-70B QLoRA, FSDP-1 with CPU offload over 2 GPUs:
+  //   chunk: the FlatParameters hold the frozen 35,276,734,464 B (the _cpu_grad test above) and the bf16
+  //          adapters, 103,546,880 x 2 B: 35,483,828,224 B, 17,741,914,112 B per rank (bitsandbytes'
+  //          statistics are not parameters: resident, not cloned);
+  //   root:  (2 x 32,000 x 8,192 + 8,192) x 2 B = 1,048,592,384 B, gathered for the whole save;
+  //   block: 855,638,016 NF4 codes x 0.5 B + 13,578,240 B of double-quantised statistics + 2 x 8,192 x 2 B of
+  //          norms + 1,294,336 adapter parameters x 2 B = 444,018,688 B, one gathered at a time.
+  const auto model = ftplan::load_model("llama-2-70b");
+  const auto hw = ftplan::load_hardware("h100-sxm");
+  const int64_t chunk = (INT64_C(35276734464) + INT64_C(103546880) * 2) / 2;
+  CHECK(chunk == INT64_C(17741914112));
+  const int64_t root = (INT64_C(2) * 32000 * 8192 + 8192) * 2;
+  const int64_t block = INT64_C(855638016) / 2 + INT64_C(13578240) + 2 * 8192 * 2 + INT64_C(1294336) * 2;
+  CHECK(root == INT64_C(1048592384));
+  CHECK(block == INT64_C(444018688));
+  auto s = llama2_70b_qlora_2_gpus("fsdp-2024");
+  s.precision = ftplan::Precision::bf16;
+  s.fsdp_version = 1;
+  const Candidate c = ftplan::layout_candidate(
+      ftplan::parse_parallelism("dp_shard=2,shard=fsdp,offload=optimizer+params", "parallel"), 2, Checkpointing::full);
+  const auto full = ftplan::estimate_memory(model, hw, s, c);
+  s.state_dict = ftplan::StateDict::local;
+  const auto local = ftplan::estimate_memory(model, hw, s, c);
+  CHECK_FALSE(ftplan::framework_profile("fsdp-2024").sharded_state_dict_offload_to_cpu);
+  CHECK(ftplan::framework_profile("fsdp").sharded_state_dict_offload_to_cpu);
+  SECTION("fsdp-2024: the root, one block and a second copy of the shard on the GPU; the save the peak") {
+    s.state_dict = ftplan::StateDict::sharded;
+    const auto e = ftplan::estimate_memory(model, hw, s, c);
+    CHECK(std::llabs(e.save.reserved_bytes - local.save.reserved_bytes - (root + block + chunk)) <= 2);
+    const auto& fw = ftplan::framework_profile("fsdp-2024");
+    CHECK(e.save.device_bytes == e.save.reserved_bytes + fw.cuda_context_bytes + fw.nccl_bytes_per_gpu);
+    CHECK(e.step.device_bytes == full.step.device_bytes);
+    CHECK(e.peak_phase == "save");
+    CHECK(full.peak_phase == "step");
+    CHECK(e.save.host_bytes_per_node <= full.save.host_bytes_per_node);  // nothing reaches the host
+  }
+  SECTION("fsdp (accelerate 0.31+): the chunks go to the host, each rank its whole shard") {
+    s.framework = "fsdp";
+    s.state_dict = ftplan::StateDict::local;
+    const auto l = ftplan::estimate_memory(model, hw, s, c);
+    s.state_dict = ftplan::StateDict::sharded;
+    const auto e = ftplan::estimate_memory(model, hw, s, c);
+    CHECK(std::llabs(e.save.reserved_bytes - l.save.reserved_bytes - (root + block)) <= 2);  // the gathers, no chunk
+    CHECK(e.save.host_bytes_per_node - l.save.host_bytes_per_node == 2 * chunk);
+  }
+  SECTION("a local state dict holds views of the flat shards: nothing gathered, nothing copied") {
+    CHECK(local.save.host_bytes_per_node <= full.save.host_bytes_per_node);
+    CHECK(local.save.device_bytes < full.save.device_bytes);
+  }
+}
+
 // hf-liger: Liger-Kernel's kernels patched into transformers (monkey_patch.py defaults): the fused linear
 // cross-entropy by default, fused RMSNorm/SwiGLU activations, and no eager element-wise surplus.
 TEST_CASE("hf-liger: Liger's fused kernels, in one profile that extends hf", "[framework]") {
