@@ -634,16 +634,35 @@ MemoryEstimate estimate_memory(const PreparedJob& job, const Candidate& c, int64
     // loss's peak and every saved activation are alive, only the head's gradients exist (the tied
     // embedding's too: it is the head's weight); by the end, when all gradients exist, the activations
     // are freed: the optimizer step's figure below (weights + gradients + states) covers that end. With
-    // gradient accumulation the next micro-batch's backward starts with every gradient alive. Unsharded
-    // layouts only (one GPU, DDP): ZeRO keeps its own gradient buffers (deepspeed/runtime/zero/
-    // stage_1_and_2.py ipg buckets and averaged gradient partitions); FSDP allocates its gradient shards
-    // unit by unit too, but with the rule its full fine-tunes in the validation suite (Liger's Qwen2-7B,
-    // torchtitan's Llama-3.1-8B, torchtune's Llama-2-70B) fall 5-24% under their published peaks and
-    // one OOM call flips, so something alive at FSDP's backward start is still missing (README "How
-    // accurate is it"): sharded layouts keep every gradient in the peak until it is found.
+    // gradient accumulation the next micro-batch's backward starts with every gradient alive. ZeRO keeps
+    // its own gradient buffers (deepspeed/runtime/zero/stage_1_and_2.py ipg buckets and averaged gradient
+    // partitions).
+    // FSDP-1 FULL_SHARD: the Trainer's model.zero_grad() sets every FlatParameter's sharded gradient to None
+    // (use_orig_params=False: the FlatParameters are the module's parameters; True: the root's pre-forward
+    // drops them once the original parameters' are None, _clear_grads_if_needed), and each unit's post-
+    // backward hook reduce-scatters into a new shard (torch/distributed/fsdp/_runtime_utils.py
+    // _post_backward_hook / _reduce_grad). So backward starts with no gradient shard, but the root unit
+    // (embedding, final norm, head under transformer-layer wrapping) reaches its FlatParameter through
+    // the split of its unsharded views, which runs once the embedding's gradient arrives, at backward's
+    // end: the head's unsharded gradient, in the compute dtype, waits from the first op of backward to the
+    // last. Measured: Liger-Kernel's plain HF + FSDP-1 Llama-3-8B logs (examples/huggingface/
+    // llama_B_48_*.log at 4d4d9c6) put their per-step peaks on the padded lengths' lattice only with the
+    // shards freed, and their patched runs never exceed the optimizer step (tests). FSDP-2 frees its
+    // DTensor gradients the same way, but its published runs do not follow the rule (torchtitan's Llama-3.1-8B
+    // on 8 GPUs -6.9% -> -10.4%; torchtune's Llama-3.1-70B with offload, whose head is its own unit, +5.7% ->
+    // +20.3%): FSDP-2 keeps every gradient in the peak until what differs is found (README "How accurate is it").
     const double grads_all = st.g;
-    if (fw.grads_freed_between_steps && setup.grad_accum == 1 && !setup.optimizer_in_backward &&
-        par.sharding == Sharding::none) {
+    const bool fsdp1_freed = par.sharding == Sharding::fsdp && setup.fsdp_version == 1 && par.reshard_after_forward;
+    // The head's weight is the embedding's where they are tied: its gradient is the embedding-sized one.
+    const double head_unsharded_grad =
+        fsdp1_freed && job.head_grad_bytes + (model.tie_word_embeddings ? job.embedding_grad_bytes : 0.0) > 0
+            ? job.head_compute_bytes + (model.tie_word_embeddings ? job.embedding_compute_bytes : 0.0)
+            : 0.0;
+    const bool freed = fw.grads_freed_between_steps && setup.grad_accum == 1 && !setup.optimizer_in_backward &&
+                       (par.sharding == Sharding::none || fsdp1_freed);
+    if (freed && fsdp1_freed) {
+      st.g = head_unsharded_grad;
+    } else if (freed) {
       const double unsharded = job.embedding_grad_bytes + layers * job.layer_grad_bytes + job.head_grad_bytes;
       const double at_start = job.head_grad_bytes + (model.tie_word_embeddings ? job.embedding_grad_bytes : 0.0);
       st.g = unsharded > 0 ? st.g * std::min(1.0, at_start / unsharded) : 0.0;
@@ -655,6 +674,25 @@ MemoryEstimate estimate_memory(const PreparedJob& job, const Candidate& c, int64
     m.host = to_bytes(st.host);
     m.paged_optimizer = to_bytes(paged);
     e.peak_moment = "forward-backward";
+    // FSDP-1's end of backward: every shard re-created, and the root unit's gradient assembled: the split of its
+    // FlatParameter into views runs backward as a concatenation of the views' gradients (torch
+    // split_with_sizes_backward: at::cat), so the embedding's and the head's unsharded gradients and the whole
+    // root gradient are alive together, twice the root's trainable weights in the compute dtype, before the
+    // reduce-scatter shards it (FlatParamHandle views: torch.split, torch/distributed/fsdp/_flat_param.py). The
+    // blocks are resharded by then; the root unit is still gathered (the embedding's backward reads it).
+    if (freed && fsdp1_freed) {
+      const double root_grad = (job.head_grad_bytes > 0 ? job.head_compute_bytes : 0.0) +
+                               (job.embedding_grad_bytes > 0 ? job.embedding_compute_bytes : 0.0);
+      const double root_gathered = job.embedding_compute_bytes + job.head_compute_bytes;
+      const int64_t at_end = m.weights + to_bytes(grads_all + 2 * root_grad) + m.optimizer + to_bytes(root_gathered);
+      if (at_end > sum_terms(m)) {
+        m.gradients = to_bytes(grads_all + 2 * root_grad);
+        m.temporary = to_bytes(root_gathered);
+        m.activations = 0;
+        m.logits_loss = 0;
+        e.peak_moment = "end of backward";
+      }
+    }
     // The optimizer step, after backward: activations gone, its own temporaries alive. The peak when
     // they outweigh the activations (full fine-tuning with little activation memory).
     const bool ddp_buckets = par.sharding == Sharding::none && par.grad_group() > 1;
@@ -963,7 +1001,9 @@ std::vector<std::string> memory_assumptions(const ModelSpec& model, const Hardwa
                   "and the recomputed block are not) and the optimizer step (activations freed, its temporaries alive)" +
                   std::string(fw.grads_freed_between_steps && setup.grad_accum == 1 && !setup.optimizer_in_backward
                                   ? "; gradients freed by zero_grad(set_to_none) after each step: at backward's start only "
-                                    "the head's exist (one GPU, DDP; sharded layouts count them all)"
+                                    "the head's exist (one GPU, DDP; FSDP-1 FULL_SHARD: no gradient shard, the root unit's "
+                                    "head gradient unsharded until backward's end, then every shard: the end of backward; "
+                                    "ZeRO and FSDP-2 count them all)"
                                   : ""));
   if (hw.kind == "gpu") {
     std::ostringstream fig;
