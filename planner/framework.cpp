@@ -108,6 +108,8 @@ const std::vector<std::pair<std::string, Setter>>& leaves() {
       {"loading.amp_frozen_weight_bytes",
        [](P& p, const Json& v, const std::string& n) { p.amp_frozen_weight_bytes = number_in(v, n, 2, 4); }},
       {"saving.host_copies", [](P& p, const Json& v, const std::string& n) { p.save_host_copies = host_copies(v, n); }},
+      {"saving.full_state_dict_holds_frozen",
+       [](P& p, const Json& v, const std::string& n) { p.full_state_dict_holds_frozen = boolean(v, n); }},
       {"saving.sharded_state_dict_offload_to_cpu",
        [](P& p, const Json& v, const std::string& n) { p.sharded_state_dict_offload_to_cpu = boolean(v, n); }},
       {"saving.gathers_units_on_gpu",

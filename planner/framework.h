@@ -122,6 +122,10 @@ struct FrameworkProfile {
   // ends up in host memory), or stays on the GPU until the checkpoint is written (false: a second copy of the
   // rank's shard on the GPU; accelerate before 0.31 passed no config, and torch's default is False).
   bool sharded_state_dict_offload_to_cpu = true;
+  // A full state dict of a sharded model holds every parameter on rank 0's host before a LoRA save keeps the
+  // adapters (accelerate's get_state_dict, PEFT's get_peft_model_state_dict: model.state_dict(), then a filter);
+  // false where the framework writes the trainable weights alone.
+  bool full_state_dict_holds_frozen = true;
 
   // Runtime: what nvidia-smi sees beyond the caching allocator, and what the host process holds.
   int64_t cuda_context_bytes = 0;       // e.g. 446693376 (426 MiB)

@@ -314,7 +314,10 @@ PreparedJob prepare_job(const ModelSpec& model, const HardwareSpec& hw, const Tr
     const UnitParams w_all = whole.embedding + whole.blocks + whole.head;
     j.model_load_bytes = we.weights + blocks_weights + wh.weights +
                          (model.quantized.active() ? 0.0 : double(w_all.nf4) * activation_bytes(setup.precision) - double(w_all.nf4_bytes));
-    j.trainable_save_bytes = double(w_all.trainable) * (setup.method == Method::full ? tb.weight : 2.0);
+    // In the trainable parameters' own dtype: PEFT's save_pretrained and Hugging Face's save write the tensors as
+    // they are (fp32 adapters under amp), as does ftexec's --save.
+    j.trainable_save_bytes = double(w_all.trainable) * tb.weight;
+    j.model_save_bytes = we.weights + blocks_weights + wh.weights;
   }
   // bitsandbytes' quantisation statistics: the NF4 storage beyond the packed codes (half a byte per weight).
   if (setup.method == Method::qlora && !fw.quant_state_sharded && !model.quantized.active()) {
@@ -797,10 +800,17 @@ MemoryEstimate estimate_memory(const PreparedJob& job, const Candidate& c, int64
   };
   e.load.host_bytes_per_node = to_bytes(process + copies(fw.load_host_copies, job.model_load_bytes));
   e.step.host_bytes_per_node = to_bytes(process + offloaded);
+  // A full state dict of an FSDP model is gathered whole on rank 0's host (every parameter, frozen ones too, in
+  // its stored dtype) before a LoRA save keeps the adapters: accelerate's get_state_dict and save_fsdp_model call
+  // model.state_dict() under FULL_STATE_DICT(offload_to_cpu, rank0_only) (src/accelerate/accelerator.py
+  // L4060-L4066, utils/fsdp_utils.py _get_model_state_dict at 16cb6eb8) and PEFT's get_peft_model_state_dict
+  // filters model.state_dict() (src/peft/utils/save_and_load.py L131-L132 at v0.20.0).
+  const bool whole_on_host = fsdp_layout && fw.full_state_dict_holds_frozen;
+  const double full_copy = whole_on_host ? std::max(job.trainable_save_bytes, job.model_save_bytes) : job.trainable_save_bytes;
   e.save.host_bytes_per_node =
       to_bytes(process + offloaded +
                (state_dict && *state_dict != StateDict::full ? double(ranks) * save_host_shard
-                                                             : copies(fw.save_host_copies, job.trainable_save_bytes)));
+                                                             : copies(fw.save_host_copies, full_copy)));
   e.host_per_node = std::max({e.load.host_bytes_per_node, e.step.host_bytes_per_node, e.save.host_bytes_per_node});
   e.peak_phase = e.load.device_bytes > e.step.device_bytes && e.load.device_bytes >= e.save.device_bytes ? "load"
                  : e.save.device_bytes > e.step.device_bytes                                         ? "save"
@@ -1022,7 +1032,9 @@ std::vector<std::string> memory_assumptions(const ModelSpec& model, const Hardwa
                   "step, save (gradients freed, a sharded strategy gathering unit by unit; FSDP-1 keeps its root unit gathered throughout); host per node: each rank's "
                   "process (" + format_gib(fw.host_process_bytes_per_rank) + "), loading copies (" +
                   (fw.load_host_copies == HostCopies::per_rank ? "one per rank" : fw.load_host_copies == HostCopies::rank0 ? "rank 0 only" : "none") +
-                  "), offloaded states, the saved state dict");
+                  "), offloaded states, the saved state dict" +
+                  (fw.full_state_dict_holds_frozen ? " (an FSDP full state dict: the whole model on rank 0, before a LoRA save keeps the adapters)"
+                                                   : " (the trainable weights)"));
   if (setup.state_dict) {
     const StateDict sd = *setup.state_dict;
     lines.push_back(

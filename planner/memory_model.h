@@ -117,6 +117,7 @@ struct PreparedJob {
   double optimizer_transient_bytes = 0;   // the optimizer step's temporaries, unsharded
   double model_load_bytes = 0;            // the whole model in the framework's load dtype (host copies)
   double trainable_save_bytes = 0;        // what a save writes: the trainable weights (adapters, or all)
+  double model_save_bytes = 0;            // the whole model as stored: what a full state dict holds before a filter
   int64_t trainable_params = 0;
   int64_t dequant_bytes = 0;              // QLoRA: the dequantised weights alive at once
   int64_t load_quantize_bytes = 0;        // QLoRA: what quantising the largest weight holds while loading

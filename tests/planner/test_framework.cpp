@@ -587,6 +587,21 @@ TEST_CASE("fsdp (accelerate): a LoRA base loaded in fp32 is sharded in fp32, and
   const auto f = ftplan::framework_profile("fsdp"), h = ftplan::framework_profile("hf");
   CHECK(fsdp.load.host_bytes_per_node == 8 * int64_t(f.host_process_bytes_per_rank) + INT64_C(276320780288));
   CHECK(hf.load.host_bytes_per_node == 8 * int64_t(h.host_process_bytes_per_rank) + 8 * INT64_C(138367483904));
+  SECTION("saving: a full state dict is gathered whole on rank 0's host before PEFT keeps the adapters") {
+    // accelerate's get_state_dict / save_fsdp_model call model.state_dict() under FULL_STATE_DICT(offload_to_cpu,
+    // rank0_only) and PEFT filters it afterwards: rank 0 holds the whole model as stored, fsdp's fp32 base and
+    // adapters (276,320,780,288 B) and hf's bf16 base with fp32 adapters (68,976,648,192 x 2 + 103,546,880 x 4 =
+    // 138,367,483,904 B), not the 414,187,520 B of adapters it writes; ftexec writes the adapter alone.
+    CHECK(base * 2 + adapters * 4 == INT64_C(138367483904));
+    CHECK(fsdp.save.host_bytes_per_node == 8 * int64_t(f.host_process_bytes_per_rank) + INT64_C(276320780288));
+    CHECK(hf.save.host_bytes_per_node == 8 * int64_t(h.host_process_bytes_per_rank) + INT64_C(138367483904));
+    auto own = lora("ftexec");
+    own.precision = ftplan::Precision::amp;
+    const auto ex = ftplan::estimate_memory(model, hw, own, c);
+    const auto x = ftplan::framework_profile("ftexec");
+    CHECK_FALSE(x.full_state_dict_holds_frozen);
+    CHECK(ex.save.host_bytes_per_node == 8 * int64_t(x.host_process_bytes_per_rank) + adapters * 4);
+  }
 }
 
 TEST_CASE("saving a full state dict: FSDP-1 keeps its root unit gathered while each block is gathered", "[framework][memory]") {
