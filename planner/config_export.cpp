@@ -245,8 +245,12 @@ ExportResult export_deepspeed(Out& o) {
 // torch's StateDictType name for the job's state_dict (--state-dict); without one, the full state dict the
 // plan's save phase assumed.
 std::string state_dict_type(const TrainingSetup& s) {
-  if (!s.state_dict) return "FULL_STATE_DICT";
-  return *s.state_dict == StateDict::full ? "FULL_STATE_DICT" : *s.state_dict == StateDict::sharded ? "SHARDED_STATE_DICT" : "LOCAL_STATE_DICT";
+  switch (s.state_dict.value_or(StateDict::full)) {
+    case StateDict::sharded: return "SHARDED_STATE_DICT";
+    case StateDict::local: return "LOCAL_STATE_DICT";
+    case StateDict::full: break;
+  }
+  return "FULL_STATE_DICT";
 }
 
 // ---------------------------------------------------------------------------------------------
