@@ -6,8 +6,10 @@
 #include <string>
 #include <vector>
 
+#include "planner/allocator_replay.h"
 #include "planner/data_paths.h"
 #include "planner/json_fields.h"
+#include "planner/memory_model.h"
 #include "planner/plan_search.h"
 #include "planner/sweep.h"
 
@@ -125,6 +127,53 @@ void BM_Plan70BFull32H100(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations() * evaluated);
 }
 BENCHMARK(BM_Plan70BFull32H100)->Unit(benchmark::kMillisecond);
+
+// The caching allocator's replay (planner/allocator_replay.h): one replay of Liger's Qwen2-7B batch-32 step
+// (Hugging Face FSDP-1 on 4 A100s, full checkpointing, 3 steps), and a sweep of that job over every GPU type
+// on 8 GPUs, where every fitting FSDP-1 candidate with full checkpointing is replayed.
+TrainingSetup qwen2_full_fsdp1_setup() {
+  TrainingSetup setup;
+  setup.model = "qwen2-7b";
+  setup.framework = "hf-2024";
+  setup.method = Method::full;
+  setup.precision = Precision::amp;
+  setup.fsdp_version = 1;
+  setup.seq_len = 512;
+  setup.checkpointing = Checkpointing::full;
+  setup.dataset.rows = 46802;
+  return setup;
+}
+
+void BM_ReplayQwen2Batch32(benchmark::State& state) {
+  const ModelSpec model = load_model("qwen2-7b");
+  const HardwareSpec hw = load_hardware("a100-80gb-sxm");
+  TrainingSetup setup = qwen2_full_fsdp1_setup();
+  setup.num_gpus = 4;
+  const Candidate c = preset_candidate(Strategy::fsdp, 4, hw, 32, Checkpointing::full, Attention::fused);
+  const PreparedJob job = prepare_job(model, hw, setup, shard_shape(c.parallel));
+  const ReplayStep step = *replay_step_for(job, c);
+  for (auto _ : state) benchmark::DoNotOptimize(replay_steps(step, hw.usable_memory_bytes));
+}
+BENCHMARK(BM_ReplayQwen2Batch32)->Unit(benchmark::kMillisecond);
+
+void BM_SweepQwen2FullFsdp1(benchmark::State& state) {
+  const ModelSpec model = load_model("qwen2-7b");
+  std::vector<HardwareSpec> gpus;
+  for (const auto& id : list_hardware_ids()) {
+    HardwareSpec hw = load_hardware(id);
+    if (hw.kind == "gpu") gpus.push_back(hw);
+  }
+  const TrainingSetup setup = qwen2_full_fsdp1_setup();
+  int64_t evaluated = 0;
+  for (auto _ : state) {
+    evaluated = 0;
+    auto rows = run_sweep(model, gpus, {8}, setup, Objective::time, false, {}, &evaluated);
+    benchmark::DoNotOptimize(rows);
+  }
+  state.counters["candidates"] = static_cast<double>(evaluated);
+  state.SetItemsProcessed(state.iterations() * evaluated);
+}
+BENCHMARK(BM_SweepQwen2FullFsdp1)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 

@@ -126,6 +126,7 @@ const std::vector<std::pair<std::string, Setter>>& leaves() {
        [](P& p, const Json& v, const std::string& n) { p.reserved_over_allocated = number_in(v, n, 1, 2); }},
       {"runtime.reserved_over_allocated_at_oom",
        [](P& p, const Json& v, const std::string& n) { p.reserved_over_allocated_at_oom = number_in(v, n, 1, 2); }},
+      {"runtime.allocator_replay", [](P& p, const Json& v, const std::string& n) { p.allocator_replay = boolean(v, n); }},
       {"knobs.activation_offload",
        [](P& p, const Json& v, const std::string& n) { p.offers_activation_offload = boolean(v, n); }},
       {"knobs.optimizer_in_backward",
@@ -242,7 +243,7 @@ FrameworkProfile framework_profile_from_json(const Json& j, const std::string& w
     const Loss loss = parse_loss(it.key(), lw);
     require_known_keys(*it, {"kept_bytes_per_token_vocab", "peak_bytes_per_token_vocab", "kept_bytes_per_token_hidden",
                              "peak_bytes_per_token_hidden", "compiled_kept_bytes_per_token_vocab",
-                             "compiled_peak_bytes_per_token_vocab"}, lw);
+                             "compiled_peak_bytes_per_token_vocab", "shifted_copy"}, lw);
     LossProfile l;
     double* fields[] = {&l.kept_bytes_per_token_vocab, &l.peak_bytes_per_token_vocab, &l.kept_bytes_per_token_hidden,
                         &l.peak_bytes_per_token_hidden};
@@ -263,6 +264,9 @@ FrameworkProfile framework_profile_from_json(const Json& j, const std::string& w
                                                                   : l.compiled_peak_bytes_per_token_vocab) = v;
       }
     }
+    if (it->contains("shifted_copy"))
+      l.shifted_copy = boolean(leaf_value(p, it->at("shifted_copy"), "losses." + it.key() + ".shifted_copy", lw + ": shifted_copy"),
+                               lw + ": shifted_copy");
     if (l.peak_bytes_per_token_vocab < l.kept_bytes_per_token_vocab || l.peak_bytes_per_token_hidden < l.kept_bytes_per_token_hidden)
       fail_input(lw + ": a peak below what is kept");
     p.losses[loss] = l;

@@ -31,6 +31,10 @@ struct LossProfile {
   // Under --compile, where the framework compiles the loss (the upcast fused into the kernel):
   // negative means "as eager".
   double compiled_kept_bytes_per_token_vocab = -1, compiled_peak_bytes_per_token_vocab = -1;
+  // The full loss copies the upcast logits' shifted slice (logits[..., :-1, :].contiguous(): transformers before
+  // 4.49) before the log-softmax: one more [T, V] fp32 tensor in forward, and a zero-padded one in backward.
+  // The peak above counts what is alive at once; the allocator replay (allocator_replay.h) plays each tensor.
+  bool shifted_copy = false;
 };
 
 // Where a framework's model, gradients and copies live while loading and saving.
@@ -137,6 +141,9 @@ struct FrameworkProfile {
   // cached blocks no tensor uses and retries, so only the slack inside segments in use can make a job fail.
   // fits is judged with it; at most reserved_over_allocated.
   double reserved_over_allocated_at_oom = 1.0;
+  // fits also replays the step's tensors through PyTorch's caching allocator (allocator_replay.h) where the
+  // layout is one the replay plays (the Trainer's FSDP-1 step), so fragmentation can refuse a plan.
+  bool allocator_replay = false;
 
   // Knobs the framework offers (bad input otherwise).
   bool offers_activation_offload = false;

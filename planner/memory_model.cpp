@@ -199,12 +199,20 @@ void finish(MemoryEstimate& e, const HardwareSpec& hw, const TrainingSetup& setu
   const double host_node = setup.host_memory_gib ? *setup.host_memory_gib * double(1ll << 30)
                                                  : double(hw.host_memory_bytes_per_node);
   e.host_usable_bytes = static_cast<int64_t>(host_node * (1.0 - setup.headroom_fraction));
-  const bool device_fits = e.fit_bytes <= e.usable_bytes;
+  const bool fragmented = e.replay && e.replay->oom;
+  const bool device_fits = e.fit_bytes <= e.usable_bytes && !fragmented;
   const bool host_fits = e.host_per_node <= e.host_usable_bytes;
   e.fits = device_fits && host_fits;
   if (e.fits || !explain) return;
   std::ostringstream r;
-  if (!device_fits) {
+  if (fragmented) {
+    const ReplayResult& p = *e.replay;
+    r << "out of memory by fragmentation: replayed through the caching allocator, step " << p.failed_step << " cannot place "
+      << p.failed_tensor << " (" << format_gib(p.request_bytes) << ") with " << format_gib(p.allocated_bytes) << " allocated and "
+      << format_gib(p.reserved_bytes) << " reserved of the " << format_gib(e.usable_bytes) << " usable less the CUDA context"
+      << " and NCCL buffers: cached segments split by smaller tensors cannot be released (set PYTORCH_CUDA_ALLOC_CONF="
+         "expandable_segments:True, or a smaller micro-batch)";
+  } else if (!device_fits) {
     r << "out of memory by " << format_gib(e.fit_bytes - e.usable_bytes) << ": needs " << format_gib(e.fit_bytes)
       << " per GPU (" << e.peak_phase << (e.peak_phase == "step" ? ", " + std::string(e.peak_moment) : "") << "), " << hw.id
       << " has " << format_gib(e.usable_bytes) << " usable (" << format_gib(usable_device_bytes(hw))
@@ -819,6 +827,16 @@ MemoryEstimate estimate_memory(const PreparedJob& job, const Candidate& c, int64
     m.total = std::max(e.load.device_bytes, e.save.device_bytes);
     m.overhead = m.total - sum_terms(m);
   }
+  // The step through the caching allocator, where the layout is one the replay plays and the figures fit (a
+  // plan they refuse needs no replay): what it can reserve is the usable memory less what nvidia-smi counts
+  // outside the allocator.
+  const auto usable = static_cast<int64_t>(double(usable_device_bytes(hw)) * (1.0 - setup.headroom_fraction));
+  if (e.fit_bytes <= usable) {
+    if (const std::optional<ReplayStep> trace = replay_step_for(job, c)) {
+      const int64_t fixed = fw.cuda_context_bytes + (distributed ? fw.nccl_bytes_per_gpu : 0);
+      e.replay = replay_steps(*trace, usable - fixed);
+    }
+  }
   finish(e, hw, setup, explain);
   return e;
 }
@@ -1028,6 +1046,11 @@ std::vector<std::string> memory_assumptions(const ModelSpec& model, const Hardwa
       fig << "fits and total use device";
     lines.push_back(fig.str());
   }
+  if (fw.allocator_replay)
+    lines.push_back("replay: FSDP-1 FULL_SHARD steps with full checkpointing and the full loss are also played tensor by "
+                    "tensor through PyTorch's caching allocator (best fit, split, release of whole cached segments before "
+                    "failing; c10/cuda/CUDACachingAllocator.cpp) for 3 steps at the usable memory less the CUDA context and "
+                    "NCCL buffers: a step it cannot place does not fit (fragmentation), whatever the figures above say");
   lines.push_back("phases: load (weights only, a sharded strategy's unit being sharded, QLoRA quantising one weight), "
                   "step, save (gradients freed, a sharded strategy gathering unit by unit; FSDP-1 keeps its root unit gathered throughout); host per node: each rank's "
                   "process (" + format_gib(fw.host_process_bytes_per_rank) + "), loading copies (" +

@@ -8,6 +8,7 @@
 #include <string_view>
 #include <vector>
 
+#include "planner/allocator_replay.h"
 #include "planner/framework.h"
 #include "planner/hardware_spec.h"
 #include "planner/model_spec.h"
@@ -73,6 +74,9 @@ struct MemoryEstimate {
   int64_t fit_bytes = 0;
   int64_t usable_bytes = 0;          // memory × (1 − headroom)
   int64_t host_usable_bytes = 0;     // host memory per node × (1 − headroom)
+  // The step replayed through the caching allocator (allocator_replay.h), where the layout is replayed and
+  // fit_bytes fits: a failure there (fragmentation) refuses the plan all the same.
+  std::optional<ReplayResult> replay;
   bool fits = false;                 // device and host
   std::string reason;                // why it does not fit, or "" when it does
 };

@@ -36,6 +36,24 @@ MemoryReport build_memory_report(const ModelSpec& model, const HardwareSpec& hw,
   return r;
 }
 
+// The step replayed through the caching allocator (allocator_replay.h), or null where the layout is not replayed.
+nlohmann::json allocator_replay_json(const MemoryEstimate& e) {
+  if (!e.replay) return nullptr;
+  const ReplayResult& r = *e.replay;
+  nlohmann::json j{{"steps", r.steps},
+                   {"oom", r.oom},
+                   {"peak_allocated_bytes", r.peak_allocated_bytes},
+                   {"peak_reserved_bytes", r.peak_reserved_bytes}};
+  if (r.oom) {
+    j["failed_step"] = r.failed_step;
+    j["failed_tensor"] = r.failed_tensor;
+    j["request_bytes"] = r.request_bytes;
+    j["allocated_bytes_at_failure"] = r.allocated_bytes;
+    j["reserved_bytes_at_failure"] = r.reserved_bytes;
+  }
+  return j;
+}
+
 nlohmann::json memory_breakdown_json(const MemoryEstimate& e) {
   const MemoryBreakdown& m = e.per_gpu;
   auto phase = [](const PhaseMemory& p) {
@@ -46,7 +64,8 @@ nlohmann::json memory_breakdown_json(const MemoryEstimate& e) {
           {"overhead", m.overhead},       {"total", m.total},
           {"allocated_peak", e.allocated_peak}, {"reserved_peak", e.reserved_peak}, {"device_peak", e.device_peak},
           {"peak_phase", e.peak_phase},   {"peak_moment", e.peak_moment},
-          {"phases", {{"load", phase(e.load)}, {"step", phase(e.step)}, {"save", phase(e.save)}}}};
+          {"phases", {{"load", phase(e.load)}, {"step", phase(e.step)}, {"save", phase(e.save)}}},
+          {"allocator_replay", allocator_replay_json(e)}};
 }
 
 nlohmann::json model_json(const ModelSpec& model, const TrainableParams& p) {
@@ -169,6 +188,17 @@ std::string memory_report_table(const MemoryReport& r) {
   for (const auto& row : r.rows)
     cell(row.estimate.peak_phase == "step" ? (row.estimate.peak_moment == "optimizer step" ? "optim" : "step")
                                             : std::string(row.estimate.peak_phase));
+  // The caching allocator's replay of the step, where the layout is replayed: its reserved peak, or the
+  // step it fails at.
+  bool replayed = false;
+  for (const auto& row : r.rows) replayed = replayed || row.estimate.replay.has_value();
+  if (replayed) {
+    out << "\n" << std::left << std::setw(label_w) << "  replay reserved" << std::right;
+    for (const auto& row : r.rows) {
+      const auto& p = row.estimate.replay;
+      cell(!p ? std::string("-") : p->oom ? "OOM@" + std::to_string(p->failed_step) : gib(p->peak_reserved_bytes));
+    }
+  }
   out << "\n" << std::left << std::setw(label_w) << "fits" << std::right;
   for (const auto& row : r.rows) cell(row.estimate.fits ? "yes" : "NO");
   out << "\n" << std::left << std::setw(label_w) << "max micro-batch" << std::right;
