@@ -154,6 +154,37 @@ PY
 [ $? -eq 2 ] || fail "--state-dict bogus did not exit 2"
 grep -q -- "--state-dict" "$TMP/sd_bad.out" || fail "--state-dict bogus: the error does not name the flag"
 
+# 3c. The caching allocator's replay (JSON allocator_replay): Liger-Kernel's Qwen2-7B full fine-tune on 4 A100
+# 80 GB under transformers 4.43 (hf-2024), FSDP-1 with full checkpointing. At batch 32 the replay runs its 3
+# steps; at 48 the figures fit but step 2 cannot place a [tokens, vocab] buffer (planner test "replay:
+# fragmentation fails Qwen2-7B at batch 48"): the plan does not fit, and the reason says fragmentation. Under
+# ZeRO-3 nothing is replayed: the key is null.
+for mb in 32 48; do
+  "$FTPLAN" memory --model qwen2-7b --framework hf-2024 --gpus 4 --fsdp-version 1 --strategy fsdp --method full \
+    --precision amp --seq-len 512 --micro-batch "$mb" --checkpointing full --headroom 0 --json \
+    >"$TMP/replay_$mb.json" 2>"$TMP/replay_$mb.err" || fail "memory (replay, batch $mb) exited $?: $(cat "$TMP/replay_$mb.err")"
+done
+"$FTPLAN" memory --model qwen2-7b --framework hf-2024 --gpus 4 --strategy zero3 --method full --precision amp \
+  --seq-len 512 --micro-batch 32 --checkpointing full --json >"$TMP/replay_zero3.json" 2>&1 || fail "memory (zero3) exited $?"
+out=$(python3 - "$TMP/replay_32.json" "$TMP/replay_48.json" "$TMP/replay_zero3.json" <<'PY'
+import json, sys
+at32, at48, z3 = (json.load(open(p))["strategies"][0] for p in sys.argv[1:4])
+bad = []
+r32, r48 = at32["memory_per_gpu_bytes"].get("allocator_replay"), at48["memory_per_gpu_bytes"].get("allocator_replay")
+if not r32 or r32["oom"] or r32["steps"] != 3 or not (0 < r32["peak_allocated_bytes"] <= r32["peak_reserved_bytes"]):
+    bad.append(f"batch 32: {r32!r}")
+if not r48 or not r48["oom"] or r48["failed_step"] != 2 or r48["request_bytes"] <= 0:
+    bad.append(f"batch 48: {r48!r}")
+if "fragmentation" not in at48.get("reason", ""):
+    bad.append(f"batch 48 reason: {at48.get('reason')!r}")
+if at48["memory_per_gpu_bytes"]["total"] > at48["usable_bytes"]:
+    bad.append("batch 48: the figures themselves do not fit (the replay is not what refuses it)")
+if z3["memory_per_gpu_bytes"].get("allocator_replay", "absent") is not None:
+    bad.append("zero3: allocator_replay is not null")
+print("; ".join(bad)); sys.exit(1 if bad else 0)
+PY
+) || fail "allocator_replay: $out"
+
 # 4. The default output is a table with the assumptions under it.
 "$FTPLAN" memory --model llama-3-8b --method lora --gpu a100-40gb-sxm --gpus 4 --seq-len 1024 \
   --micro-batch 4 >"$TMP/table.txt" 2>&1 || fail "memory (table) exited $?"
