@@ -36,7 +36,9 @@ std::optional<ReplayStep> replay_step_for(const PreparedJob& job, const Candidat
   s.root_compute_bytes = job.embedding_compute_bytes + job.head_compute_bytes;
   s.root_grad_bytes = job.embedding_grad_bytes + job.head_grad_bytes;
   s.root_opt_bytes = job.embedding_opt_bytes + job.head_opt_bytes;
-  s.head_compute_bytes = job.head_compute_bytes, s.embedding_compute_bytes = job.embedding_compute_bytes;
+  // The head's weight gradient, made first in backward: the embedding's shape where the two are tied.
+  s.head_compute_bytes = job.head_compute_bytes + (model.tie_word_embeddings ? job.embedding_compute_bytes : 0.0);
+  s.embedding_compute_bytes = job.embedding_compute_bytes;
   // A layer's parameters (the optimizer keeps states per parameter): q, k, v, o, gate, up, down, two norms.
   const double h = double(model.hidden_size), q = double(model.num_heads * model.head_dim),
                kv = double(model.num_kv_heads * model.head_dim), i = double(model.intermediate_size);

@@ -41,7 +41,7 @@ struct ReplayStep {
   // Units: a decoder layer, and the root (embedding, final norm, head).
   double layer_weight_bytes = 0, layer_compute_bytes = 0, layer_grad_bytes = 0, layer_opt_bytes = 0;
   double root_weight_bytes = 0, root_compute_bytes = 0, root_grad_bytes = 0, root_opt_bytes = 0;
-  double head_compute_bytes = 0, embedding_compute_bytes = 0;  // of the root: the gradients autograd makes first
+  double head_compute_bytes = 0, embedding_compute_bytes = 0;  // the root's weight gradients (tied: both embedding-sized)
   std::vector<double> layer_param_fractions;  // each parameter of a layer, as a fraction of the layer (sums to 1)
   std::vector<double> root_param_fractions;
   double optimizer_transient_bytes = 0;        // the optimizer step's temporaries, unsharded (whole model)

@@ -196,3 +196,19 @@ TEST_CASE("replay: Liger's 20-step Llama-3-8B log, batch lengths as it ran them"
     CHECK(r.peak_reserved_bytes <= capacity);
   }
 }
+
+TEST_CASE("replay: a tied head's weight gradient has the embedding's shape", "[allocator]") {
+  // Llama-3.2-1B ties lm_head to the embedding: the head unit's backward makes the final norm's gradient
+  // (2,048 x 2 B) and a 128,256 x 2,048 bf16 one, 4,096 + 525,336,576 B (the memory model's head gradients in
+  // test_memory_model.cpp), not the norm's alone.
+  const auto model = ftplan::load_model("llama-3.2-1b");
+  REQUIRE(model.tie_word_embeddings);
+  const auto hw = ftplan::load_hardware("a100-80gb-sxm");
+  const auto c = fsdp_on_4(8);
+  const auto setup = liger_setup("llama-3.2-1b", 512);
+  const ftplan::PreparedJob job = ftplan::prepare_job(model, hw, setup, ftplan::shard_shape(c.parallel));
+  const auto step = ftplan::replay_step_for(job, c);
+  REQUIRE(step);
+  CHECK(step->head_compute_bytes == 4'096.0 + 525'336'576.0);
+  CHECK(step->embedding_compute_bytes == 525'336'576.0);
+}
