@@ -153,12 +153,12 @@ ReplayResult replay_steps(const ReplayStep& step, int64_t capacity_bytes, int st
   return replay_steps(step, capacity_bytes, steps, nullptr);
 }
 
-ReplayResult replay_steps(const ReplayStep& planned, int64_t capacity_bytes, int steps, std::vector<ReplayStepPeaks>* peaks) {
+ReplayResult replay_steps(const ReplayStep& s, int64_t capacity_bytes, int steps, std::vector<ReplayStepPeaks>* peaks) {
   Replay r(capacity_bytes);
   ReplayResult out;
-  const double N = static_cast<double>(planned.shards);
-  const int64_t L = planned.layers;
-  const double V = planned.vocab, rows = static_cast<double>(planned.micro_batch);
+  const double N = static_cast<double>(s.shards);
+  const int64_t L = s.layers;
+  const double V = s.vocab, rows = static_cast<double>(s.micro_batch);
   bool states = false;
   // unit -1 is the root (embedding, final norm, head), 0..L-1 the layers.
   auto unshard = [&](int64_t unit, double compute) {
@@ -180,40 +180,38 @@ ReplayResult replay_steps(const ReplayStep& planned, int64_t capacity_bytes, int
   };
   // Each unit's parameters, in the optimizer's order (the root's first, model.parameters()), with their share of
   // the unit: fn(unit, parameter, share of the unit's bytes).
-  auto each_param = [&](const ReplayStep& st, auto&& fn) {
-    for (size_t p = 0; p < st.root_param_fractions.size(); ++p) fn(root, int64_t(p), st.root_param_fractions[p], true);
+  auto each_param = [&](auto&& fn) {
+    for (size_t p = 0; p < s.root_param_fractions.size(); ++p) fn(root, int64_t(p), s.root_param_fractions[p], true);
     for (int64_t l = 0; l < L; ++l)
-      for (size_t p = 0; p < st.layer_param_fractions.size(); ++p) fn(l, int64_t(p), st.layer_param_fractions[p], false);
+      for (size_t p = 0; p < s.layer_param_fractions.size(); ++p) fn(l, int64_t(p), s.layer_param_fractions[p], false);
   };
   // Long-lived: the sharded parameters (the dtype they are stored in) and the cuBLAS workspace.
-  r.take(key(kWorkspace), double(planned.workspace_bytes), "the cuBLAS workspace");
-  r.take(key(kParam, root), planned.root_weight_bytes / N, "the root's parameter shard");
-  for (int64_t l = 0; l < L; ++l) r.take(key(kParam, l), planned.layer_weight_bytes / N, "a layer's parameter shard");
+  r.take(key(kWorkspace), double(s.workspace_bytes), "the cuBLAS workspace");
+  r.take(key(kParam, root), s.root_weight_bytes / N, "the root's parameter shard");
+  for (int64_t l = 0; l < L; ++l) r.take(key(kParam, l), s.layer_weight_bytes / N, "a layer's parameter shard");
   for (int step = 1; step <= steps && !r.failed(); ++step) {
     out.steps = step;
     r.allocator().reset_peaks();
     // This step's batch: the activations and the loss scale with its tokens.
-    ReplayStep s = planned;
-    const double T = planned.step_tokens.empty() ? planned.tokens
-                                                 : planned.step_tokens[size_t(step - 1) % planned.step_tokens.size()];
-    const double f = planned.tokens > 0 ? T / planned.tokens : 1.0;
-    for (double& t : s.block_tensors) t *= f;
-    s.block_input_bytes *= f, s.head_input_bytes *= f, s.hidden_grad_bytes *= f;
+    const double T = s.step_tokens.empty() ? s.tokens : s.step_tokens[size_t(step - 1) % s.step_tokens.size()];
+    const double f = s.tokens > 0 ? T / s.tokens : 1.0;
+    const double block_input = f * s.block_input_bytes, head_input = f * s.head_input_bytes,
+                 hidden_grad = f * s.hidden_grad_bytes;
     // Forward.
     unshard(root, s.root_compute_bytes);
-    r.take(key(kInput, 0), s.block_input_bytes, "a checkpointed layer's input");
+    r.take(key(kInput, 0), block_input, "a checkpointed layer's input");
     unshard(0, s.layer_compute_bytes);
     for (int64_t l = 0; l < L && !r.failed(); ++l) {
       if (l + 1 < L) unshard(l + 1, s.layer_compute_bytes);
       for (size_t t = 0; t < s.block_tensors.size(); ++t) {  // intermediates, each freed once the next exists
-        r.take(key(kForward, int64_t(t)), s.block_tensors[t], "a layer's forward intermediate");
+        r.take(key(kForward, int64_t(t)), f * s.block_tensors[t], "a layer's forward intermediate");
         if (t >= 1) r.give(key(kForward, int64_t(t) - 1));
       }
-      r.take(key(kInput, l + 1), s.block_input_bytes, "a checkpointed layer's input");
+      r.take(key(kInput, l + 1), block_input, "a checkpointed layer's input");
       r.give(key(kForward, int64_t(s.block_tensors.size()) - 1));
       r.give(key(kGathered, l));
     }
-    r.take(key(kHeadInput), s.head_input_bytes, "the final norm's and the head's saved inputs");
+    r.take(key(kHeadInput), head_input, "the final norm's and the head's saved inputs");
     const double shifted = (T - rows) * V * 4;
     r.take(key(kLogits), s.logits_bytes_per_element * T * V, "the head's logits");
     r.take(key(kLogitsFp32), 4 * T * V, "the loss's fp32 logits");
@@ -244,21 +242,21 @@ ReplayResult replay_steps(const ReplayStep& planned, int64_t capacity_bytes, int
       r.give(key(kGradLogSoftmax));
     }
     r.take(key(kGradHead), s.head_compute_bytes, "the head's weight gradient");
-    r.take(key(kGradHidden, L), s.hidden_grad_bytes, "the hidden-state gradient");
+    r.take(key(kGradHidden, L), hidden_grad, "the hidden-state gradient");
     r.give(key(kGradLogits));
     r.give(key(kHeadInput));
     unshard(L - 1, s.layer_compute_bytes);
     for (int64_t l = L - 1; l >= 0 && !r.failed(); --l) {
       if (l >= 1) unshard(l - 1, s.layer_compute_bytes);
       for (size_t t = 0; t < s.block_tensors.size(); ++t)
-        r.take(key(kSaved, int64_t(t)), s.block_tensors[t], "a recomputed layer's tensor");
+        r.take(key(kSaved, int64_t(t)), f * s.block_tensors[t], "a recomputed layer's tensor");
       r.take(key(kGradViews), s.layer_compute_bytes, "a layer's parameter gradients");
       for (size_t t = s.block_tensors.size(); t-- > 0;) {
-        r.take(key(kGradAct, int64_t(t)), s.block_tensors[t], "a layer's activation gradient");
+        r.take(key(kGradAct, int64_t(t)), f * s.block_tensors[t], "a layer's activation gradient");
         if (t + 1 < s.block_tensors.size()) r.give(key(kGradAct, int64_t(t) + 1));
         r.give(key(kSaved, int64_t(t)));
       }
-      r.take(key(kGradHidden, l), s.hidden_grad_bytes, "the hidden-state gradient");
+      r.take(key(kGradHidden, l), hidden_grad, "the hidden-state gradient");
       r.give(key(kGradAct, 0));
       r.give(key(kGradHidden, l + 1));
       reduce_scatter(l, s.layer_compute_bytes, s.layer_grad_bytes, {key(kGradViews)}, "a layer's flat gradient");
@@ -274,7 +272,7 @@ ReplayResult replay_steps(const ReplayStep& planned, int64_t capacity_bytes, int
     r.give(key(kGradHidden, 0));
     // The optimizer step: the states at the first step, the foreach temporaries, then zero_grad.
     if (!states) {
-      each_param(s, [&](int64_t unit, int64_t p, double share, bool is_root) {
+      each_param([&](int64_t unit, int64_t p, double share, bool is_root) {
         const double bytes = (is_root ? s.root_opt_bytes : s.layer_opt_bytes) / N / 2 * share;
         for (int k = 0; k < 2; ++k) r.take(key(kState, unit, p, k), bytes, "an AdamW state");
       });
@@ -282,11 +280,11 @@ ReplayResult replay_steps(const ReplayStep& planned, int64_t capacity_bytes, int
     }
     const double whole = s.root_grad_bytes + double(L) * s.layer_grad_bytes;
     const double transient = whole > 0 ? s.optimizer_transient_bytes / N / whole : 0.0;
-    each_param(s, [&](int64_t unit, int64_t p, double share, bool is_root) {
+    each_param([&](int64_t unit, int64_t p, double share, bool is_root) {
       r.take(key(kTemporary, unit, p), transient * (is_root ? s.root_grad_bytes : s.layer_grad_bytes) * share,
              "an optimizer temporary");
     });
-    each_param(s, [&](int64_t unit, int64_t p, double, bool) { r.give(key(kTemporary, unit, p)); });
+    each_param([&](int64_t unit, int64_t p, double, bool) { r.give(key(kTemporary, unit, p)); });
     r.give(key(kGradShard, root));
     for (int64_t l = 0; l < L; ++l) r.give(key(kGradShard, l));
     if (peaks) peaks->push_back({r.allocator().peak_allocated_bytes(), r.allocator().peak_reserved_bytes()});

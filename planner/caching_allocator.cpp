@@ -37,15 +37,21 @@ void CachingAllocator::erase_free(int64_t i) {
   pool(b.small).erase({b.size, b.address, i});
 }
 
+void CachingAllocator::absorb_next(int64_t i) {
+  const int64_t next = blocks_[i].next;
+  blocks_[i].size += blocks_[next].size;
+  blocks_[i].next = blocks_[next].next;
+  if (blocks_[i].next >= 0) blocks_[blocks_[i].next].prev = i;
+}
+
 void CachingAllocator::release_cached_segments() {
   for (bool small : {true, false}) {
     auto& p = pool(small);
     for (auto it = p.begin(); it != p.end();) {
-      Block& b = blocks_[std::get<2>(*it)];
+      const Block& b = blocks_[std::get<2>(*it)];
       if (b.prev < 0 && b.next < 0) {
         reserved_ -= b.size;
         --segments_;
-        b.dead = true;
         it = p.erase(it);
       } else {
         ++it;
@@ -110,19 +116,13 @@ void CachingAllocator::free(int64_t handle) {
   const int64_t prev = blocks_[i].prev;
   if (prev >= 0 && !blocks_[prev].allocated) {  // [prev i] -> prev
     erase_free(prev);
-    blocks_[prev].size += blocks_[i].size;
-    blocks_[prev].next = blocks_[i].next;
-    if (blocks_[i].next >= 0) blocks_[blocks_[i].next].prev = prev;
-    blocks_[i].dead = true;
+    absorb_next(prev);
     i = prev;
   }
   const int64_t next = blocks_[i].next;
   if (next >= 0 && !blocks_[next].allocated) {  // [i next] -> i
     erase_free(next);
-    blocks_[i].size += blocks_[next].size;
-    blocks_[i].next = blocks_[next].next;
-    if (blocks_[next].next >= 0) blocks_[blocks_[next].next].prev = i;
-    blocks_[next].dead = true;
+    absorb_next(i);
   }
   insert_free(i);
 }

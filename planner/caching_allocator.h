@@ -49,12 +49,13 @@ class CachingAllocator {
   struct Block {
     int64_t size = 0, address = 0;
     int64_t prev = -1, next = -1;  // neighbours in the segment
-    bool small = false, allocated = false, dead = false;
+    bool small = false, allocated = false;
   };
   using Key = std::tuple<int64_t, int64_t, int64_t>;  // size, address, index: best fit, then lowest address
   std::set<Key>& pool(bool small) { return small ? small_pool_ : large_pool_; }
   void insert_free(int64_t i);
   void erase_free(int64_t i);
+  void absorb_next(int64_t i);  // block i takes its next neighbour (try_merge_blocks); the neighbour's index is retired
   void release_cached_segments();
 
   int64_t capacity_ = 0, allocated_ = 0, reserved_ = 0, peak_allocated_ = 0, peak_reserved_ = 0;

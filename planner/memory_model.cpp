@@ -194,15 +194,20 @@ Figures figures(int64_t tensor_bytes, const HardwareSpec& hw, const FrameworkPro
   return f;
 }
 
+// What a plan may use of the device: what a process can allocate, less the headroom.
+int64_t usable_bytes(const HardwareSpec& hw, const TrainingSetup& setup) {
+  return static_cast<int64_t>(double(usable_device_bytes(hw)) * (1.0 - setup.headroom_fraction));
+}
+
 void finish(MemoryEstimate& e, const HardwareSpec& hw, const TrainingSetup& setup, bool explain) {
-  e.usable_bytes = static_cast<int64_t>(double(usable_device_bytes(hw)) * (1.0 - setup.headroom_fraction));
+  e.usable_bytes = usable_bytes(hw, setup);
   const double host_node = setup.host_memory_gib ? *setup.host_memory_gib * double(1ll << 30)
                                                  : double(hw.host_memory_bytes_per_node);
   e.host_usable_bytes = static_cast<int64_t>(host_node * (1.0 - setup.headroom_fraction));
   const bool fragmented = e.replay && e.replay->oom;
-  const bool device_fits = e.fit_bytes <= e.usable_bytes && !fragmented;
+  e.device_fits = e.fit_bytes <= e.usable_bytes && !fragmented;
   const bool host_fits = e.host_per_node <= e.host_usable_bytes;
-  e.fits = device_fits && host_fits;
+  e.fits = e.device_fits && host_fits;
   if (e.fits || !explain) return;
   std::ostringstream r;
   if (fragmented) {
@@ -212,7 +217,7 @@ void finish(MemoryEstimate& e, const HardwareSpec& hw, const TrainingSetup& setu
       << format_gib(p.reserved_bytes) << " reserved of the " << format_gib(e.usable_bytes) << " usable less the CUDA context"
       << " and NCCL buffers: cached segments split by smaller tensors cannot be released (set PYTORCH_CUDA_ALLOC_CONF="
          "expandable_segments:True, or a smaller micro-batch)";
-  } else if (!device_fits) {
+  } else if (!e.device_fits) {
     r << "out of memory by " << format_gib(e.fit_bytes - e.usable_bytes) << ": needs " << format_gib(e.fit_bytes)
       << " per GPU (" << e.peak_phase << (e.peak_phase == "step" ? ", " + std::string(e.peak_moment) : "") << "), " << hw.id
       << " has " << format_gib(e.usable_bytes) << " usable (" << format_gib(usable_device_bytes(hw))
@@ -220,7 +225,7 @@ void finish(MemoryEstimate& e, const HardwareSpec& hw, const TrainingSetup& setu
       << ", less " << setup.headroom_fraction * 100 << "% headroom)";
   }
   if (!host_fits) {
-    if (!device_fits) r << "; ";
+    if (!e.device_fits) r << "; ";
     r << "out of host memory by " << format_gib(e.host_per_node - e.host_usable_bytes) << ": needs "
       << format_gib(e.host_per_node) << " per node, it has " << format_gib(e.host_usable_bytes) << " usable ("
       << format_gib(host_node) << (setup.host_memory_gib ? " from --host-memory-gib" : " per node in hwdb") << ")";
@@ -830,7 +835,7 @@ MemoryEstimate estimate_memory(const PreparedJob& job, const Candidate& c, int64
   // The step through the caching allocator, where the layout is one the replay plays and the figures fit (a
   // plan they refuse needs no replay): what it can reserve is the usable memory less what nvidia-smi counts
   // outside the allocator.
-  const auto usable = static_cast<int64_t>(double(usable_device_bytes(hw)) * (1.0 - setup.headroom_fraction));
+  const int64_t usable = usable_bytes(hw, setup);
   if (e.fit_bytes <= usable) {
     if (const std::optional<ReplayStep> trace = replay_step_for(job, c)) {
       const int64_t fixed = fw.cuda_context_bytes + (distributed ? fw.nccl_bytes_per_gpu : 0);

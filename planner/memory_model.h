@@ -77,6 +77,7 @@ struct MemoryEstimate {
   // The step replayed through the caching allocator (allocator_replay.h), where the layout is replayed and
   // fit_bytes fits: a failure there (fragmentation) refuses the plan all the same.
   std::optional<ReplayResult> replay;
+  bool device_fits = false;          // fit_bytes within usable_bytes, and the replay (if any) placed every step
   bool fits = false;                 // device and host
   std::string reason;                // why it does not fit, or "" when it does
 };

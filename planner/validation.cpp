@@ -67,9 +67,9 @@ ValidationCase run_case(const nlohmann::json& c, const std::map<std::string, std
   v.scored = true;
   const double predicted = figure_for(r.memory, v.metric);
   v.predicted_bytes = predicted;
-  // The figure fits is judged on: the phases' device figures less the cache the allocator releases before failing.
-  // A step the caching allocator's replay cannot place (fragmentation) fails too (allocator_replay.h).
-  v.predicted_oom = double(r.memory.fit_bytes) > double(usable_device_bytes(hw)) || (r.memory.replay && r.memory.replay->oom);
+  // The planner's own device verdict (memory_model.h device_fits: the phases' device figures less the cache the
+  // allocator releases before failing, and the caching allocator's replay), at no headroom: the whole GPU.
+  v.predicted_oom = !r.memory.device_fits;
   if (v.measured_bytes && !v.measured_oom) v.error_pct = pct_error(predicted, *v.measured_bytes);
   v.predicted_tokens_per_s = r.step.tokens_per_s / std::max<int64_t>(1, r.gpus_used);
   if (v.measured_tokens_per_s) v.tokens_error_pct = pct_error(*v.predicted_tokens_per_s, *v.measured_tokens_per_s);
